@@ -1,0 +1,212 @@
+"""SQLAlchemy 2 declarative models of fairqueue's tables (schema ``fairqueue``).
+
+The DDL itself is fairqueue/sql/v*_up.sql, applied by the migrations; these models mirror it for
+querying and for tooling (a test runs Alembic autogenerate and requires no difference). Write jobs
+through :func:`fairqueue.enqueue`, not by adding ``Job`` objects: enqueue also places the job.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    Computed,
+    DateTime,
+    Double,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA = "fairqueue"
+
+#: Tables that exist in the database but are not models: completed_job's partitions.
+PARTITION_PREFIX = "completed_job_"
+
+TZ = DateTime(timezone=True)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(schema=SCHEMA)
+    type_annotation_map = {dict[str, Any]: JSONB, datetime: TZ}
+
+
+class Channel(Base):
+    """A tenant's virtual queue: fairness state and limits."""
+
+    __tablename__ = "channel"
+    __table_args__ = (
+        Index("channel_eligible_idx", "vtime", "name", postgresql_where=text("eligible")),
+        Index("channel_throttled_idx", "throttled_until", postgresql_where=text("throttled_until IS NOT NULL")),
+        {"postgresql_with": {"fillfactor": 50}},
+    )
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    weight: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    rate_limit: Mapped[str | None] = mapped_column(Text)
+    rate_per_second: Mapped[float | None] = mapped_column(Double)
+    rate_burst: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    active: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    running: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    vtime: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    tokens: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    tokens_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    throttled_until: Mapped[datetime | None] = mapped_column(TZ)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    eligible: Mapped[bool | None] = mapped_column(
+        Boolean,
+        Computed(
+            "active AND NOT paused AND throttled_until IS NULL "
+            "AND (max_concurrency IS NULL OR running < max_concurrency)",
+            persisted=True,
+        ),
+    )
+
+
+class Job(Base):
+    """Immutable description of a live job; deleted when the job ends (history: CompletedJob)."""
+
+    __tablename__ = "job"
+    __table_args__ = (
+        Index("job_unique_key_idx", "unique_key", unique=True, postgresql_where=text("unique_key IS NOT NULL")),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("3"))
+    timeout_seconds: Mapped[float | None] = mapped_column(Double)
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    fifo_key: Mapped[str | None] = mapped_column(Text)
+    depends_on: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
+    run_at: Mapped[datetime | None] = mapped_column(TZ)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+
+
+class RunningJob(Base):
+    """The hot set: jobs ready to run (worker_id is NULL) or running."""
+
+    __tablename__ = "running_job"
+    __table_args__ = (
+        Index("running_job_ready_idx", "channel", "job_id", postgresql_where=text("worker_id IS NULL")),
+        Index("running_job_worker_idx", "worker_id", postgresql_where=text("worker_id IS NOT NULL")),
+        {"postgresql_with": {"fillfactor": 70}},
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    channel: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    worker_id: Mapped[int | None] = mapped_column(BigInteger)
+    ready_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    started_at: Mapped[datetime | None] = mapped_column(TZ)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class ScheduledJob(Base):
+    """Staged until run_at: future jobs, retries in backoff, jobs awaiting dependency/FIFO placement."""
+
+    __tablename__ = "scheduled_job"
+    __table_args__ = (Index("scheduled_job_run_at_idx", "run_at"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    channel: Mapped[str] = mapped_column(Text)
+    run_at: Mapped[datetime] = mapped_column(TZ)
+    attempt: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
+class JobDependency(Base):
+    """job_id is blocked until depends_on has succeeded."""
+
+    __tablename__ = "job_dependency"
+    __table_args__ = (Index("job_dependency_depends_on_idx", "depends_on"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    depends_on: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+
+
+class FifoHolder(Base):
+    """The one job of a FIFO key that may currently be ready, running or retrying."""
+
+    __tablename__ = "fifo_holder"
+
+    fifo_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger)
+
+
+class FifoWaiting(Base):
+    """Jobs waiting for their FIFO key, served in id order."""
+
+    __tablename__ = "fifo_waiting"
+    __table_args__ = (Index("fifo_waiting_key_idx", "fifo_key", "job_id"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    fifo_key: Mapped[str] = mapped_column(Text)
+
+
+class ChannelWakeup(Base):
+    """A producer's note that a channel may have become busy. Heap only (no key in the database)."""
+
+    __tablename__ = "channel_wakeup"
+    __mapper_args__ = {"primary_key": ["channel", "created_at"]}
+
+    channel: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+
+
+class Worker(Base):
+    __tablename__ = "worker"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    info: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    started_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    heartbeat_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    lease_expires_at: Mapped[datetime] = mapped_column(TZ)
+
+
+class CompletedJob(Base):
+    """One row per finished attempt; ``final`` marks the attempt that ended the job.
+
+    Partitioned by day of finished_at, then by outcome; see fairqueue.ensure_partitions.
+    """
+
+    __tablename__ = "completed_job"
+    __table_args__ = (
+        PrimaryKeyConstraint("job_id", "attempt", "outcome", "finished_at", name="completed_job_pkey"),
+        {"postgresql_partition_by": "RANGE (finished_at)"},
+    )
+
+    job_id: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(Integer, autoincrement=False)
+    outcome: Mapped[str] = mapped_column(Text)
+    final: Mapped[bool] = mapped_column(Boolean)
+    kind: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
+    args: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[int | None] = mapped_column(BigInteger)
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    fifo_key: Mapped[str | None] = mapped_column(Text)
+    enqueued_at: Mapped[datetime] = mapped_column(TZ)
+    ready_at: Mapped[datetime | None] = mapped_column(TZ)
+    started_at: Mapped[datetime | None] = mapped_column(TZ)
+    finished_at: Mapped[datetime] = mapped_column(TZ)
+
+
+def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:
+    """Alembic autogenerate filter: completed_job's partitions are managed at run time, not by models."""
+    return not (type_ == "table" and name is not None and name.startswith(PARTITION_PREFIX))

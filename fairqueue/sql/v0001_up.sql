@@ -1,0 +1,1234 @@
+-- fairqueue schema, version 1: tables and the queue functions.
+--
+-- Applied as-is by alembic/versions/0001 (and by the Django migration that wraps this file).
+-- Never edit a released version: add v0002_up.sql with CREATE OR REPLACE / ALTER statements.
+-- docs/design.md explains the tables and why each invariant holds.
+
+CREATE SCHEMA IF NOT EXISTS fairqueue;
+
+------------------------------------------------------------------------------------------------
+-- Tables
+------------------------------------------------------------------------------------------------
+
+-- A channel is a tenant's virtual queue: the unit of fairness and of limits.
+-- Producers never write here (they would serialise on the row); workers do, in short transactions.
+CREATE TABLE fairqueue.channel (
+    name             text PRIMARY KEY,
+    weight           integer NOT NULL DEFAULT 1,
+    max_concurrency  integer,
+    rate_limit       text,
+    rate_per_second  double precision,
+    rate_burst       double precision NOT NULL DEFAULT 1,
+    paused           boolean NOT NULL DEFAULT false,
+    -- true while the channel may have ready jobs; cleared by a claimer that finds none
+    active           boolean NOT NULL DEFAULT false,
+    -- jobs of this channel claimed and not yet finished: the exact count behind max_concurrency
+    running          integer NOT NULL DEFAULT 0,
+    -- start-time fair queueing: each claimed job adds 1/weight; the lowest vtime is served first
+    vtime            double precision NOT NULL DEFAULT 0,
+    -- token bucket for rate_per_second, refilled lazily at claim time
+    tokens           double precision NOT NULL DEFAULT 1,
+    tokens_at        timestamptz NOT NULL DEFAULT now(),
+    throttled_until  timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    eligible         boolean GENERATED ALWAYS AS (
+        active AND NOT paused AND throttled_until IS NULL
+        AND (max_concurrency IS NULL OR running < max_concurrency)) STORED,
+    CONSTRAINT channel_name_check CHECK (length(name) BETWEEN 1 AND 200),
+    CONSTRAINT channel_weight_check CHECK (weight BETWEEN 1 AND 1000),
+    CONSTRAINT channel_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
+    CONSTRAINT channel_rate_check CHECK (
+        (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
+    CONSTRAINT channel_burst_check CHECK (rate_burst >= 1),
+    CONSTRAINT channel_running_check CHECK (running >= 0)
+) WITH (fillfactor = 50);
+
+-- The claim walks this index in vtime order; channels with nothing to do are not in it.
+CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, name) WHERE eligible;
+CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE throttled_until IS NOT NULL;
+
+-- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
+-- (its history then lives in completed_job), never updated.
+CREATE TABLE fairqueue.job (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind             text NOT NULL,
+    channel          text NOT NULL,
+    args             jsonb NOT NULL DEFAULT '{}'::jsonb,
+    max_attempts     integer NOT NULL DEFAULT 3,
+    timeout_seconds  double precision,
+    unique_key       text,
+    fifo_key         text,
+    depends_on       bigint[],
+    run_at           timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT job_kind_check CHECK (length(kind) BETWEEN 1 AND 255),
+    CONSTRAINT job_channel_check CHECK (length(channel) BETWEEN 1 AND 200),
+    CONSTRAINT job_args_check CHECK (jsonb_typeof(args) = 'object'),
+    CONSTRAINT job_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT job_timeout_check CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
+    CONSTRAINT job_unique_key_check CHECK (unique_key IS NULL OR length(unique_key) BETWEEN 1 AND 255),
+    CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255)
+);
+
+-- One live job per unique key; the key is free again once the job has ended.
+CREATE UNIQUE INDEX job_unique_key_idx ON fairqueue.job (unique_key) WHERE unique_key IS NOT NULL;
+
+-- The hot set: jobs runnable now (worker_id IS NULL) or running. Small rows, few indexes.
+CREATE TABLE fairqueue.running_job (
+    job_id            bigint PRIMARY KEY,
+    channel           text NOT NULL,
+    attempt           integer NOT NULL DEFAULT 0,
+    worker_id         bigint,
+    ready_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    started_at        timestamptz,
+    cancel_requested  boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 70);
+
+-- Head of each channel's ready queue: (channel, job_id) order is FIFO within the channel.
+CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, job_id) WHERE worker_id IS NULL;
+CREATE INDEX running_job_worker_idx ON fairqueue.running_job (worker_id) WHERE worker_id IS NOT NULL;
+
+-- Staging: jobs that cannot run yet. Bookkeeping happens here so the claim stays free of conditions.
+-- Due at run_at: future jobs, retries waiting out their backoff, and new jobs with depends_on or
+-- fifo_key (the worker side places those, because only it can do so without racing).
+CREATE TABLE fairqueue.scheduled_job (
+    job_id   bigint PRIMARY KEY,
+    channel  text NOT NULL,
+    run_at   timestamptz NOT NULL,
+    attempt  integer NOT NULL DEFAULT 0
+);
+CREATE INDEX scheduled_job_run_at_idx ON fairqueue.scheduled_job (run_at);
+
+-- A job blocked until each depends_on job has succeeded.
+CREATE TABLE fairqueue.job_dependency (
+    job_id      bigint NOT NULL,
+    depends_on  bigint NOT NULL,
+    PRIMARY KEY (job_id, depends_on)
+);
+CREATE INDEX job_dependency_depends_on_idx ON fairqueue.job_dependency (depends_on);
+
+-- FIFO keys: the holder is the one job of the key that may be ready/running/retrying;
+-- the others wait in id order.
+CREATE TABLE fairqueue.fifo_holder (
+    fifo_key  text PRIMARY KEY,
+    job_id    bigint NOT NULL
+);
+CREATE TABLE fairqueue.fifo_waiting (
+    job_id    bigint PRIMARY KEY,
+    fifo_key  text NOT NULL
+);
+CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (fifo_key, job_id);
+
+-- Written by a producer only when its channel may be idle; consumed by the next claim.
+-- Heap only: no index to maintain.
+CREATE TABLE fairqueue.channel_wakeup (
+    channel     text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE fairqueue.worker (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name              text NOT NULL,
+    info              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    started_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    heartbeat_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    lease_expires_at  timestamptz NOT NULL
+);
+
+-- One row per finished attempt. Partitioned by finish day, then by outcome, so old history is
+-- detached or dropped instead of deleted. The default partitions mean no insert can fail.
+CREATE TABLE fairqueue.completed_job (
+    job_id       bigint NOT NULL,
+    attempt      integer NOT NULL,
+    outcome      text NOT NULL,
+    final        boolean NOT NULL,
+    kind         text NOT NULL,
+    channel      text NOT NULL,
+    args         jsonb,
+    result       jsonb,
+    error        text,
+    worker_id    bigint,
+    unique_key   text,
+    fifo_key     text,
+    enqueued_at  timestamptz NOT NULL,
+    ready_at     timestamptz,
+    started_at   timestamptz,
+    finished_at  timestamptz NOT NULL,
+    CONSTRAINT completed_job_pkey PRIMARY KEY (job_id, attempt, outcome, finished_at),
+    CONSTRAINT completed_job_outcome_check CHECK (
+        outcome IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled', 'dependency_failed'))
+) PARTITION BY RANGE (finished_at);
+
+CREATE TABLE fairqueue.completed_job_default PARTITION OF fairqueue.completed_job DEFAULT;
+
+------------------------------------------------------------------------------------------------
+-- Partition maintenance
+------------------------------------------------------------------------------------------------
+
+-- Creates the daily partitions (each split by outcome) for p_from .. p_from + p_days_ahead.
+-- Rows that already landed in the default partition for such a day are moved into it first.
+CREATE FUNCTION fairqueue.ensure_completed_partitions(p_days_ahead integer DEFAULT 3, p_from date DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_start   date := coalesce(p_from, (now() AT TIME ZONE 'UTC')::date);
+    v_day     date;
+    v_name    text;
+    v_lo      timestamptz;
+    v_hi      timestamptz;
+    v_created integer := 0;
+BEGIN
+    IF p_days_ahead IS NULL OR p_days_ahead < 0 OR p_days_ahead > 366 THEN
+        RAISE EXCEPTION 'fairqueue: days ahead must be between 0 and 366, got %', p_days_ahead
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- one partition manager at a time
+    PERFORM pg_advisory_xact_lock(1718681601, 0);
+    FOR i IN 0 .. p_days_ahead LOOP
+        v_day := v_start + i;
+        v_name := 'completed_job_p' || to_char(v_day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('fairqueue.%I', v_name)) IS NOT NULL;
+        v_lo := v_day::timestamp AT TIME ZONE 'UTC';
+        v_hi := (v_day + 1)::timestamp AT TIME ZONE 'UTC';
+        EXECUTE format('CREATE TABLE fairqueue.%I (LIKE fairqueue.completed_job INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'
+                       ' PARTITION BY LIST (outcome)', v_name);
+        EXECUTE format('CREATE TABLE fairqueue.%I PARTITION OF fairqueue.%I FOR VALUES IN (''succeeded'')',
+                       v_name || '_succeeded', v_name);
+        EXECUTE format('CREATE TABLE fairqueue.%I PARTITION OF fairqueue.%I'
+                       ' FOR VALUES IN (''failed'', ''timed_out'', ''lost'', ''cancelled'', ''dependency_failed'')',
+                       v_name || '_failed', v_name);
+        EXECUTE format('CREATE TABLE fairqueue.%I PARTITION OF fairqueue.%I DEFAULT', v_name || '_other', v_name);
+        EXECUTE format('WITH moved AS (DELETE FROM fairqueue.completed_job_default'
+                       ' WHERE finished_at >= $1 AND finished_at < $2 RETURNING *)'
+                       ' INSERT INTO fairqueue.%I SELECT * FROM moved', v_name) USING v_lo, v_hi;
+        EXECUTE format('ALTER TABLE fairqueue.completed_job ATTACH PARTITION fairqueue.%I FOR VALUES FROM (%L) TO (%L)',
+                       v_name, v_lo, v_hi);
+        v_created := v_created + 1;
+    END LOOP;
+    RETURN v_created;
+END $$;
+
+SELECT fairqueue.ensure_completed_partitions(4, ((now() AT TIME ZONE 'UTC')::date - 1));
+
+------------------------------------------------------------------------------------------------
+-- Producer side: enqueue. Inserts only; never writes a row another producer can write.
+------------------------------------------------------------------------------------------------
+
+-- Makes sure a worker will look at p_channel after this transaction commits.
+--
+-- Under READ COMMITTED the producer takes a shared advisory lock on the channel (shared locks never
+-- block each other) and reads the channel: if it is active, a claimer cannot mark it idle until this
+-- transaction ends (it needs the exclusive lock), so nothing else is written. Otherwise, and under
+-- REPEATABLE READ or SERIALIZABLE (whose snapshot may predate the channel going idle), it leaves a
+-- wakeup row that becomes visible exactly when the job does.
+CREATE FUNCTION fairqueue._wake_channel(p_channel text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locks integer;
+BEGIN
+    IF current_setting('fairqueue.woken_channel', true) = p_channel THEN
+        RETURN;  -- this transaction already left a wakeup for this channel
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- bound the advisory locks one transaction can hold (shared lock table)
+        v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+        IF v_locks < 64 THEN
+            PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
+            PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+            IF EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = p_channel AND active) THEN
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
+    PERFORM pg_notify('fairqueue', '');
+    PERFORM set_config('fairqueue.woken_channel', p_channel, true);
+END $$;
+
+CREATE FUNCTION fairqueue.enqueue(
+    p_kind             text,
+    p_args             jsonb DEFAULT '{}'::jsonb,
+    p_channel          text DEFAULT 'default',
+    p_run_at           timestamptz DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_timeout_seconds  double precision DEFAULT NULL,
+    p_unique_key       text DEFAULT NULL,
+    p_fifo_key         text DEFAULT NULL,
+    p_depends_on       bigint[] DEFAULT NULL,
+    OUT job_id         bigint,
+    OUT created        boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: kind must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_channel IS NULL OR length(p_channel) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'fairqueue: channel must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
+        RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(p_depends_on) = 0 THEN
+        p_depends_on := NULL;
+    END IF;
+
+    IF p_unique_key IS NULL THEN
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
+                                   run_at, created_at)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
+                p_run_at, v_now)
+        RETURNING id INTO job_id;
+    ELSE
+        -- Only producers of the same unique key wait on each other here: that is what the key asks for.
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
+                p_depends_on, p_run_at, v_now)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id INTO job_id;
+        IF job_id IS NULL THEN
+            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.unique_key = p_unique_key;
+            IF job_id IS NULL THEN
+                RAISE EXCEPTION 'fairqueue: the job holding unique key % ended concurrently; retry', p_unique_key
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+            created := false;
+            RETURN;
+        END IF;
+    END IF;
+    created := true;
+
+    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
+        IF p_run_at IS NULL OR p_run_at <= v_now THEN
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    ELSE
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (job_id, p_channel, 0, v_now);
+        PERFORM fairqueue._wake_channel(p_channel);
+    END IF;
+END $$;
+
+-- Bulk enqueue in one statement. Arrays are parallel (one element per job); a NULL array means
+-- "default for every job". Returns one row per input position: the job id and whether it was
+-- created (false: an unfinished job already held its unique key, and that job's id is returned).
+CREATE FUNCTION fairqueue.enqueue_many(
+    p_kinds            text[],
+    p_args             jsonb[] DEFAULT NULL,
+    p_channels         text[] DEFAULT NULL,
+    p_run_ats          timestamptz[] DEFAULT NULL,
+    p_max_attempts     integer[] DEFAULT NULL,
+    p_timeouts         double precision[] DEFAULT NULL,
+    p_unique_keys      text[] DEFAULT NULL,
+    p_fifo_keys        text[] DEFAULT NULL,
+    p_depends_on       jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord bigint, job_id bigint, created boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_kinds), 0);
+    v_new      bigint[];
+    v_pos      bigint[];
+    v_channels text[];
+    v_sched    integer;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_args), v_n) <> v_n OR coalesce(cardinality(p_channels), v_n) <> v_n
+       OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
+       OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
+       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    WITH input AS (
+        SELECT u.ord AS pos,
+               nextval('fairqueue.job_id_seq'::regclass) AS id,
+               u.kind,
+               coalesce(u.channel, 'default') AS channel,
+               coalesce(u.args, '{}'::jsonb) AS args,
+               u.run_at,
+               coalesce(u.max_attempts, 3) AS max_attempts,
+               u.timeout_seconds,
+               u.unique_key,
+               u.fifo_key,
+               CASE WHEN jsonb_array_length(u.depends_on) > 0
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on
+        FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
+                    p_fifo_keys, p_depends_on)
+             WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
+                                  fifo_key, depends_on, ord)
+    ),
+    inserted AS (
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at)
+        OVERRIDING SYSTEM VALUE
+        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now
+        FROM input
+        ORDER BY pos
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ),
+    placed AS (
+        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)) AS staged
+        FROM input i JOIN inserted USING (id)
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+        SELECT id, channel, 0, v_now FROM placed WHERE NOT staged ORDER BY id
+        RETURNING channel
+    ),
+    staged AS (
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged
+        RETURNING run_at
+    )
+    SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
+           (SELECT array_agg(pos ORDER BY pos) FROM placed),
+           (SELECT array_agg(DISTINCT channel) FROM ready),
+           (SELECT count(*) FROM staged WHERE run_at <= v_now)
+    INTO v_new, v_pos, v_channels, v_sched;
+
+    IF v_channels IS NOT NULL THEN
+        -- one wakeup per channel, not per job
+        INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+    END IF;
+    IF v_channels IS NOT NULL OR v_sched > 0 THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+
+    RETURN QUERY
+        SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
+        FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
+        LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
+        LEFT JOIN fairqueue.job j ON n.id IS NULL AND j.unique_key = u.unique_key
+        WHERE p_unique_keys IS NOT NULL
+        UNION ALL
+        SELECT n.pos, n.id, true
+        FROM unnest(v_pos, v_new) AS n(pos, id)
+        WHERE p_unique_keys IS NULL;
+END $$;
+
+------------------------------------------------------------------------------------------------
+-- Channel bookkeeping (worker side)
+------------------------------------------------------------------------------------------------
+
+-- Marks channels active (creating their rows if needed). A channel that was idle rejoins at the
+-- current virtual time, so it neither starves others with old credit nor waits behind old debt.
+CREATE FUNCTION fairqueue._activate_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_vnow double precision;
+BEGIN
+    IF p_names IS NULL OR cardinality(p_names) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
+    -- Lock (not skip) the rows: a concurrent claimer may be marking one idle right now.
+    INSERT INTO fairqueue.channel AS c (name, active, vtime)
+    SELECT n, true, coalesce(v_vnow, 0)
+    FROM (SELECT DISTINCT n FROM unnest(p_names) AS n WHERE n IS NOT NULL) AS names
+    ORDER BY n
+    ON CONFLICT (name) DO UPDATE SET active = true, vtime = coalesce(v_vnow, c.vtime)
+    WHERE NOT c.active;
+END $$;
+
+-- Gives back running slots (one array element per finished or released job) and activates channels
+-- that gained ready jobs. Rows are locked in name order so finishers and claimers never deadlock.
+CREATE FUNCTION fairqueue._update_channels(p_released text[], p_activate text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_vnow double precision;
+BEGIN
+    IF p_released IS NOT NULL AND cardinality(p_released) > 0 THEN
+        PERFORM 1 FROM fairqueue.channel
+        WHERE name IN (SELECT unnest(p_released) UNION SELECT unnest(p_activate))
+        ORDER BY name
+        FOR NO KEY UPDATE;
+        SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
+        UPDATE fairqueue.channel c
+        SET running = greatest(c.running - r.n, 0),
+            -- leaving saturation: no credit was earned while at the cap
+            vtime = CASE WHEN c.max_concurrency IS NOT NULL AND c.running >= c.max_concurrency
+                              AND c.running - r.n < c.max_concurrency
+                         THEN greatest(c.vtime, coalesce(v_vnow, c.vtime))
+                         ELSE c.vtime END
+        FROM (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS r
+        WHERE c.name = r.name;
+    END IF;
+    PERFORM fairqueue._activate_channels(p_activate);
+END $$;
+
+-- Called by a claimer for channels that yielded fewer jobs than it asked for.
+CREATE FUNCTION fairqueue._idle_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_free text[] := '{}';
+BEGIN
+    FOREACH v_name IN ARRAY p_names LOOP
+        -- A producer inside an open transaction holds the shared lock and may be adding a job we
+        -- cannot see yet: then the channel stays active.
+        IF pg_try_advisory_xact_lock(1718681601, hashtext(v_name)) THEN
+            v_free := v_free || v_name;
+        END IF;
+    END LOOP;
+    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
+    UPDATE fairqueue.channel c SET active = false
+    WHERE c.name = ANY (v_free) AND c.active
+      AND NOT EXISTS (SELECT 1 FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NULL);
+END $$;
+
+------------------------------------------------------------------------------------------------
+-- Placement of staged jobs (worker side)
+------------------------------------------------------------------------------------------------
+
+-- Places a job whose dependencies have all succeeded: it takes its FIFO key or waits for it, or
+-- becomes ready. Returns the channel if the job became ready.
+CREATE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key) VALUES (p_job_id, p_fifo_key);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (p_job_id, p_channel, 0, p_now);
+    RETURN p_channel;
+END $$;
+
+-- First placement of a job that has depends_on or a fifo_key. Returns the channel if it became ready.
+CREATE FUNCTION fairqueue._place(p_job_id bigint, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job      fairqueue.job%ROWTYPE;
+    v_dep      bigint;
+    v_outcome  text;
+    v_blocked  boolean := false;
+BEGIN
+    SELECT * INTO v_job FROM fairqueue.job WHERE id = p_job_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_job.depends_on IS NOT NULL THEN
+        FOR v_dep IN SELECT DISTINCT d FROM unnest(v_job.depends_on) AS d ORDER BY d LOOP
+            -- While we hold this lock the dependency cannot be deleted (finished); if it is being
+            -- finished now, we wait and then find it gone.
+            PERFORM 1 FROM fairqueue.job WHERE id = v_dep FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.job_dependency (job_id, depends_on) VALUES (p_job_id, v_dep)
+                ON CONFLICT DO NOTHING;
+                v_blocked := true;
+                CONTINUE;
+            END IF;
+            SELECT outcome INTO v_outcome FROM fairqueue.completed_job
+            WHERE job_id = v_dep AND final ORDER BY finished_at DESC LIMIT 1;
+            IF v_outcome IS DISTINCT FROM 'succeeded' THEN
+                DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
+                PERFORM fairqueue._update_channels(NULL, fairqueue._finalize(
+                    ARRAY[p_job_id], ARRAY[0], ARRAY['dependency_failed'], ARRAY[NULL::jsonb],
+                    ARRAY[CASE WHEN v_outcome IS NULL THEN format('dependency %s does not exist', v_dep)
+                               ELSE format('dependency %s ended with outcome %s', v_dep, v_outcome) END],
+                    ARRAY[NULL::bigint], ARRAY[NULL::timestamptz], ARRAY[NULL::timestamptz], p_now));
+                RETURN NULL;
+            END IF;
+        END LOOP;
+        IF v_blocked THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now);
+END $$;
+
+-- Ends jobs for good: writes their final history rows, deletes them (freeing unique keys), hands
+-- FIFO keys to the next waiting job, and unblocks or fails dependants (transitively).
+-- The jobs must already be out of running_job/scheduled_job/fifo_waiting/job_dependency.
+-- Returns the channels that gained ready jobs.
+CREATE FUNCTION fairqueue._finalize(
+    p_job_ids     bigint[],
+    p_attempts    integer[],
+    p_outcomes    text[],
+    p_results     jsonb[],
+    p_errors      text[],
+    p_worker_ids  bigint[],
+    p_ready_ats   timestamptz[],
+    p_started_ats timestamptz[],
+    p_now         timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids       bigint[] := p_job_ids;
+    v_attempts  integer[] := p_attempts;
+    v_outcomes  text[] := p_outcomes;
+    v_results   jsonb[] := p_results;
+    v_errors    text[] := p_errors;
+    v_workers   bigint[] := p_worker_ids;
+    v_readys    timestamptz[] := p_ready_ats;
+    v_starts    timestamptz[] := p_started_ats;
+    v_ok        bigint[];
+    v_bad       bigint[];
+    v_bad_out   text[];
+    v_fifo      record;
+    v_next      bigint;
+    v_next_ch   text;
+    v_cand      bigint[];
+    v_dep       record;
+    v_activate  text[] := '{}';
+    v_channel   text;
+BEGIN
+    WHILE v_ids IS NOT NULL AND cardinality(v_ids) > 0 LOOP
+        WITH f AS (
+            SELECT * FROM unnest(v_ids, v_attempts, v_outcomes, v_results, v_errors, v_workers, v_readys, v_starts)
+                AS u(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at)
+        ),
+        gone AS (
+            DELETE FROM fairqueue.job j USING f WHERE j.id = f.job_id
+            RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at,
+                      f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+        ),
+        hist AS (
+            INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
+                                                 worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
+                                                 finished_at)
+            SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
+                   created_at, ready_at, started_at, p_now
+            FROM gone
+            RETURNING job_id, outcome, fifo_key
+        )
+        SELECT array_agg(job_id) FILTER (WHERE outcome = 'succeeded'),
+               array_agg(job_id) FILTER (WHERE outcome <> 'succeeded'),
+               array_agg(outcome) FILTER (WHERE outcome <> 'succeeded')
+        INTO v_ok, v_bad, v_bad_out
+        FROM hist;
+
+        -- FIFO keys held by the finished jobs pass to the oldest waiting job of each key.
+        FOR v_fifo IN
+            DELETE FROM fairqueue.fifo_holder h WHERE h.job_id = ANY (v_ids) RETURNING h.fifo_key
+        LOOP
+            SELECT w.job_id INTO v_next FROM fairqueue.fifo_waiting w
+            WHERE w.fifo_key = v_fifo.fifo_key ORDER BY w.job_id LIMIT 1 FOR UPDATE;
+            IF FOUND THEN
+                DELETE FROM fairqueue.fifo_waiting WHERE job_id = v_next;
+                INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (v_fifo.fifo_key, v_next);
+                SELECT channel INTO v_next_ch FROM fairqueue.job WHERE id = v_next;
+                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+                VALUES (v_next, v_next_ch, 0, p_now);
+                v_activate := v_activate || v_next_ch;
+            END IF;
+        END LOOP;
+
+        -- Dependants of succeeded jobs: run those with no dependency left.
+        IF v_ok IS NOT NULL THEN
+            WITH d AS (DELETE FROM fairqueue.job_dependency WHERE depends_on = ANY (v_ok) RETURNING job_id)
+            SELECT array_agg(DISTINCT d.job_id ORDER BY d.job_id) INTO v_cand FROM d;
+            IF v_cand IS NOT NULL THEN
+                -- Serialise with another finisher releasing the same dependant: whoever locks second
+                -- sees the other's deletion, so exactly one of them places the job.
+                PERFORM 1 FROM fairqueue.job WHERE id = ANY (v_cand) ORDER BY id FOR NO KEY UPDATE;
+                FOR v_dep IN
+                    SELECT j.id, j.channel, j.fifo_key FROM fairqueue.job j
+                    WHERE j.id = ANY (v_cand)
+                      AND NOT EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id)
+                    ORDER BY j.id
+                LOOP
+                    v_channel := fairqueue._place_after_dependencies(v_dep.id, v_dep.channel, v_dep.fifo_key, p_now);
+                    IF v_channel IS NOT NULL THEN
+                        v_activate := v_activate || v_channel;
+                    END IF;
+                END LOOP;
+            END IF;
+        END IF;
+
+        -- Dependants of jobs that ended otherwise fail too; loop to carry that down the chain.
+        v_ids := NULL;
+        IF v_bad IS NOT NULL THEN
+            WITH d AS (
+                DELETE FROM fairqueue.job_dependency dep
+                USING unnest(v_bad, v_bad_out) AS b(id, outcome)
+                WHERE dep.depends_on = b.id
+                RETURNING dep.job_id, b.id AS failed_id, b.outcome
+            ),
+            one AS (
+                SELECT DISTINCT ON (job_id) job_id, failed_id, outcome FROM d ORDER BY job_id, failed_id
+            )
+            SELECT array_agg(job_id ORDER BY job_id),
+                   array_agg(format('dependency %s ended with outcome %s', failed_id, outcome) ORDER BY job_id)
+            INTO v_ids, v_errors
+            FROM one;
+            IF v_ids IS NOT NULL THEN
+                DELETE FROM fairqueue.job_dependency WHERE job_id = ANY (v_ids);
+                v_attempts := array_fill(0, ARRAY[cardinality(v_ids)]);
+                v_outcomes := array_fill('dependency_failed'::text, ARRAY[cardinality(v_ids)]);
+                v_results := array_fill(NULL::jsonb, ARRAY[cardinality(v_ids)]);
+                v_workers := array_fill(NULL::bigint, ARRAY[cardinality(v_ids)]);
+                v_readys := array_fill(NULL::timestamptz, ARRAY[cardinality(v_ids)]);
+                v_starts := array_fill(NULL::timestamptz, ARRAY[cardinality(v_ids)]);
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN v_activate;
+END $$;
+
+-- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles.
+CREATE FUNCTION fairqueue._intake(p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_wake    text[];
+    v_ready   text[];
+    v_place   bigint[];
+    v_id      bigint;
+    v_channel text;
+BEGIN
+    WITH w AS (
+        DELETE FROM fairqueue.channel_wakeup
+        WHERE ctid = ANY (ARRAY(SELECT ctid FROM fairqueue.channel_wakeup LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING channel
+    )
+    SELECT array_agg(DISTINCT w.channel) INTO v_wake FROM w;
+
+    WITH due AS (
+        DELETE FROM fairqueue.scheduled_job s
+        WHERE s.job_id = ANY (ARRAY(
+            SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
+            ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING s.job_id, s.channel, s.attempt
+    ),
+    classified AS (
+        SELECT d.job_id, d.channel, d.attempt,
+               (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
+        FROM due d JOIN fairqueue.job j ON j.id = d.job_id
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+        SELECT job_id, channel, attempt, p_now FROM classified WHERE NOT needs_placement ORDER BY job_id
+        RETURNING channel
+    )
+    SELECT (SELECT array_agg(DISTINCT channel) FROM ready),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
+    INTO v_ready, v_place;
+
+    IF v_place IS NOT NULL THEN
+        FOREACH v_id IN ARRAY v_place LOOP
+            v_channel := fairqueue._place(v_id, p_now);
+            IF v_channel IS NOT NULL THEN
+                v_ready := v_ready || v_channel;
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- Activation waits for row locks (in name order); everything after it only skips locks.
+    PERFORM fairqueue._activate_channels(v_wake || v_ready);
+
+    UPDATE fairqueue.channel c
+    SET throttled_until = NULL,
+        vtime = greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e WHERE e.eligible), c.vtime))
+    WHERE c.name = ANY (ARRAY(
+        SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now
+        ORDER BY throttled_until LIMIT 1000 FOR NO KEY UPDATE SKIP LOCKED));
+END $$;
+
+------------------------------------------------------------------------------------------------
+-- Worker side: workers, claim, finish, release, recovery
+------------------------------------------------------------------------------------------------
+
+CREATE FUNCTION fairqueue.register_worker(p_name text, p_lease_seconds double precision DEFAULT 30,
+                                          p_info jsonb DEFAULT '{}'::jsonb)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 THEN
+        RAISE EXCEPTION 'fairqueue: lease must be a positive number of seconds' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO fairqueue.worker (name, info, lease_expires_at)
+    VALUES (coalesce(p_name, 'worker'), coalesce(p_info, '{}'::jsonb),
+            clock_timestamp() + make_interval(secs => p_lease_seconds))
+    RETURNING id INTO v_id;
+    RETURN v_id;
+END $$;
+
+-- Extends the worker's lease. Returns false if the worker is gone (its jobs were recovered).
+CREATE FUNCTION fairqueue.heartbeat(p_worker_id bigint, p_lease_seconds double precision DEFAULT 30)
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH renewed AS (
+        UPDATE fairqueue.worker
+        SET heartbeat_at = clock_timestamp(),
+            lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds)
+        WHERE id = p_worker_id AND lease_expires_at > clock_timestamp()
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM renewed);
+$$;
+
+-- Waits (briefly, bounded by lock_timeout) for the best eligible channel that another claimer holds
+-- right now, instead of returning an empty batch while work exists. Returns true once it holds it.
+CREATE FUNCTION fairqueue._wait_for_busy_channel(p_skip text[])
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT name INTO v_name FROM fairqueue.channel
+    WHERE eligible AND name <> ALL (p_skip) ORDER BY vtime, name LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        PERFORM 1 FROM fairqueue.channel WHERE name = v_name FOR NO KEY UPDATE;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+-- Claims up to p_limit ready jobs for a worker in one round trip, interleaving channels in
+-- weighted round-robin (start-time fair queueing) order, within each channel's concurrency cap and
+-- rate limit. Rows come back in service order.
+CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
+RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
+               timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
+               started_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := clock_timestamp();
+    v_left    integer := p_limit;
+    v_round   integer := 0;
+    v_ids     bigint[];
+    v_short   text[];
+    v_skip    text[] := '{}';
+    v_cands   integer;
+    v_waited  boolean := false;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM 1 FROM fairqueue.worker w WHERE w.id = p_worker_id AND w.lease_expires_at > v_now;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fairqueue: worker % is not registered or its lease has expired', p_worker_id
+            USING ERRCODE = 'FQ001';
+    END IF;
+
+    PERFORM fairqueue._intake(v_now);
+
+    LOOP
+        v_round := v_round + 1;
+        WITH cand AS MATERIALIZED (
+            -- The next channels in fair order. Channels another claimer holds are skipped, so
+            -- concurrent claimers spread over different channels instead of queueing.
+            SELECT c.name, c.vtime, c.weight, c.max_concurrency, c.running, c.rate_per_second,
+                   CASE WHEN c.rate_per_second IS NOT NULL THEN
+                        least(c.rate_burst,
+                              c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
+                   END AS tokens_now
+            FROM fairqueue.channel c
+            WHERE c.eligible AND c.name <> ALL (v_skip)
+            ORDER BY c.vtime, c.name
+            LIMIT v_left
+            FOR NO KEY UPDATE SKIP LOCKED
+        ),
+        room AS (
+            SELECT cand.*,
+                   least(v_left,
+                         coalesce(cand.max_concurrency - cand.running, v_left),
+                         coalesce(floor(cand.tokens_now)::integer, v_left)) AS room,
+                   max(cand.vtime) OVER () AS vmax,
+                   sum(cand.weight) OVER () AS wsum
+            FROM cand
+        ),
+        slots AS (
+            -- Each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
+            -- possibly win, so this stays O(limit) rows.
+            SELECT r.name, r.vtime + g.n::double precision / r.weight AS slot
+            FROM room r
+            CROSS JOIN LATERAL generate_series(0, least(
+                r.room,
+                floor(least((r.vmax - r.vtime) * r.weight, v_left))::integer
+                    + ceil(v_left::double precision * r.weight / r.wsum)::integer + 1
+            ) - 1) AS g(n)
+        ),
+        alloc AS (
+            SELECT s.name, count(*)::integer AS n
+            FROM (SELECT name FROM slots ORDER BY slot, name LIMIT v_left) AS s
+            GROUP BY s.name
+        ),
+        picked AS (
+            SELECT p.job_id, a.name AS channel,
+                   row_number() OVER (PARTITION BY a.name ORDER BY p.job_id) AS k
+            FROM alloc a
+            CROSS JOIN LATERAL (
+                SELECT rj.job_id FROM fairqueue.running_job rj
+                WHERE rj.channel = a.name AND rj.worker_id IS NULL
+                ORDER BY rj.job_id
+                LIMIT a.n
+                FOR UPDATE SKIP LOCKED
+            ) AS p
+        ),
+        claimed AS (
+            UPDATE fairqueue.running_job rj
+            SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
+            FROM picked
+            WHERE rj.job_id = picked.job_id
+            RETURNING rj.job_id, rj.channel
+        ),
+        got AS (
+            SELECT claimed.channel, count(*)::integer AS n FROM claimed GROUP BY claimed.channel
+        ),
+        updated AS (
+            UPDATE fairqueue.channel c
+            SET vtime = c.vtime + coalesce(got.n, 0)::double precision / c.weight,
+                running = c.running + coalesce(got.n, 0),
+                tokens = CASE WHEN r.tokens_now IS NULL THEN c.tokens ELSE r.tokens_now - coalesce(got.n, 0) END,
+                tokens_at = CASE WHEN r.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
+                throttled_until = CASE
+                    WHEN r.tokens_now IS NOT NULL AND r.tokens_now - coalesce(got.n, 0) < 1
+                    THEN v_now + make_interval(secs => (1 - (r.tokens_now - coalesce(got.n, 0))) / r.rate_per_second)
+                    END
+            FROM room r LEFT JOIN got ON got.channel = r.name
+            WHERE c.name = r.name AND (got.n IS NOT NULL OR r.tokens_now < 1)
+            RETURNING c.name
+        )
+        -- (every data-modifying CTE above runs to completion whether or not it is read)
+        SELECT (SELECT array_agg(p.job_id ORDER BY r.vtime + (p.k - 1)::double precision / r.weight, p.channel)
+                FROM picked p JOIN room r ON r.name = p.channel),
+               (SELECT array_agg(a.name) FROM alloc a LEFT JOIN got ON got.channel = a.name
+                WHERE coalesce(got.n, 0) < a.n),
+               (SELECT count(*) FROM cand)
+        INTO v_ids, v_short, v_cands;
+
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY
+                SELECT rj.job_id, j.kind, j.args, rj.channel, rj.attempt, j.max_attempts, j.timeout_seconds,
+                       j.created_at, rj.ready_at, rj.started_at
+                FROM unnest(v_ids) WITH ORDINALITY AS u(id, pos)
+                JOIN fairqueue.running_job rj ON rj.job_id = u.id
+                JOIN fairqueue.job j ON j.id = u.id
+                ORDER BY u.pos;
+            v_left := v_left - cardinality(v_ids);
+        END IF;
+        IF v_short IS NOT NULL THEN
+            PERFORM fairqueue._idle_channels(v_short);
+            v_skip := v_skip || v_short;
+        END IF;
+        EXIT WHEN v_left <= 0 OR v_round >= 8;
+        IF v_cands = 0 THEN
+            -- Every eligible channel is held by another claimer at this instant (typically: fewer
+            -- busy channels than claimers). Wait for one, once, rather than come back empty.
+            EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
+            v_waited := true;
+        ELSIF v_ids IS NULL AND v_short IS NULL THEN
+            EXIT;  -- the candidates had no room left (caps, rate limits)
+        END IF;
+    END LOOP;
+END $$;
+
+-- Records the outcome of claimed jobs in one round trip. Per job: outcome ('succeeded', 'failed',
+-- 'timed_out', 'lost', 'cancelled'), result (JSON), error text, and retry_in: seconds until the next
+-- attempt, or NULL for no retry. A failure with attempts left and a retry_in is retried; otherwise it
+-- is final. Jobs no longer held by this worker (recovered after its lease expired) are skipped and
+-- absent from the result.
+CREATE FUNCTION fairqueue.finish(
+    p_worker_id  bigint,
+    p_job_ids    bigint[],
+    p_outcomes   text[],
+    p_results    jsonb[] DEFAULT NULL,
+    p_errors     text[] DEFAULT NULL,
+    p_retry_in   double precision[] DEFAULT NULL)
+RETURNS TABLE (job_id bigint, outcome text, final boolean, retry_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now       timestamptz := clock_timestamp();
+    v_n         integer := coalesce(cardinality(p_job_ids), 0);
+    v_released  text[];
+    v_fin_ids   bigint[];
+    v_fin_att   integer[];
+    v_fin_out   text[];
+    v_fin_res   jsonb[];
+    v_fin_err   text[];
+    v_fin_rdy   timestamptz[];
+    v_fin_st    timestamptz[];
+    v_rows_ids  bigint[];
+    v_rows_out  text[];
+    v_rows_fin  boolean[];
+    v_rows_at   timestamptz[];
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_outcomes), -1) <> v_n OR coalesce(cardinality(p_results), v_n) <> v_n
+       OR coalesce(cardinality(p_errors), v_n) <> v_n OR coalesce(cardinality(p_retry_in), v_n) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: finish arrays must all have % elements', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_outcomes) AS o
+               WHERE o IS NULL OR o NOT IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled')) THEN
+        RAISE EXCEPTION 'fairqueue: outcome must be one of succeeded, failed, timed_out, lost, cancelled'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (SELECT count(DISTINCT i) FROM unnest(p_job_ids) AS i) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: finish got the same job id twice' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    WITH input AS (
+        SELECT * FROM unnest(p_job_ids, p_outcomes, p_results, p_errors, p_retry_in)
+            AS u(job_id, outcome, result, error, retry_in)
+    ),
+    gone AS (
+        DELETE FROM fairqueue.running_job r USING input i
+        WHERE r.job_id = i.job_id AND r.worker_id = p_worker_id
+        RETURNING r.job_id, r.channel, r.attempt, r.ready_at, r.started_at, i.outcome, i.result, i.error, i.retry_in
+    ),
+    decided AS (
+        SELECT g.*, j.kind, j.unique_key, j.fifo_key, j.created_at,
+               (g.outcome IN ('succeeded', 'cancelled') OR g.retry_in IS NULL OR g.attempt >= j.max_attempts) AS is_final
+        FROM gone g JOIN fairqueue.job j ON j.id = g.job_id
+    ),
+    attempt_history AS (
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
+                                             worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
+                                             finished_at)
+        SELECT job_id, attempt, outcome, false, kind, channel, NULL, result, error, p_worker_id, unique_key, fifo_key,
+               created_at, ready_at, started_at, v_now
+        FROM decided WHERE NOT is_final
+        RETURNING 1
+    ),
+    retried AS (
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        SELECT job_id, channel, v_now + make_interval(secs => greatest(retry_in, 0)), attempt
+        FROM decided WHERE NOT is_final
+        RETURNING job_id, run_at
+    )
+    SELECT array_agg(d.channel),
+           array_agg(d.job_id ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.attempt ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.outcome ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.result ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.error ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.ready_at ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.started_at ORDER BY d.job_id) FILTER (WHERE d.is_final),
+           array_agg(d.job_id ORDER BY d.job_id),
+           array_agg(d.outcome ORDER BY d.job_id),
+           array_agg(d.is_final ORDER BY d.job_id),
+           array_agg(r.run_at ORDER BY d.job_id)
+    INTO v_released, v_fin_ids, v_fin_att, v_fin_out, v_fin_res, v_fin_err, v_fin_rdy, v_fin_st,
+         v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+    FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
+
+    IF v_released IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM fairqueue._update_channels(
+        v_released,
+        CASE WHEN v_fin_ids IS NOT NULL THEN
+            fairqueue._finalize(v_fin_ids, v_fin_att, v_fin_out, v_fin_res, v_fin_err,
+                                array_fill(p_worker_id, ARRAY[cardinality(v_fin_ids)]), v_fin_rdy, v_fin_st, v_now)
+        END);
+
+    RETURN QUERY SELECT * FROM unnest(v_rows_ids, v_rows_out, v_rows_fin, v_rows_at);
+END $$;
+
+-- Hands claimed jobs that were never started back to the queue (the attempt does not count).
+CREATE FUNCTION fairqueue.release(p_worker_id bigint, p_job_ids bigint[])
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_channels text[];
+BEGIN
+    WITH released AS (
+        UPDATE fairqueue.running_job
+        SET worker_id = NULL, attempt = attempt - 1, started_at = NULL, ready_at = clock_timestamp()
+        WHERE job_id = ANY (p_job_ids) AND worker_id = p_worker_id
+        RETURNING channel
+    )
+    SELECT array_agg(channel) INTO v_channels FROM released;
+    IF v_channels IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM fairqueue._update_channels(v_channels, v_channels);
+    PERFORM pg_notify('fairqueue', '');
+    RETURN cardinality(v_channels);
+END $$;
+
+-- Takes a worker out of service. Jobs it still holds go back to the queue as lost attempts.
+CREATE FUNCTION fairqueue.deregister_worker(p_worker_id bigint)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_n   integer := 0;
+BEGIN
+    PERFORM 1 FROM fairqueue.worker WHERE id = p_worker_id FOR UPDATE;
+    SELECT array_agg(job_id ORDER BY job_id) INTO v_ids FROM fairqueue.running_job WHERE worker_id = p_worker_id;
+    IF v_ids IS NOT NULL THEN
+        v_n := cardinality(v_ids);
+        PERFORM fairqueue.finish(p_worker_id, v_ids, array_fill('lost'::text, ARRAY[v_n]), NULL,
+                                 array_fill(format('worker %s stopped while the job was running', p_worker_id),
+                                            ARRAY[v_n]),
+                                 array_fill(0::double precision, ARRAY[v_n]));
+    END IF;
+    DELETE FROM fairqueue.worker WHERE id = p_worker_id;
+    RETURN v_n;
+END $$;
+
+-- Recovers the jobs of workers whose lease expired (crashed, killed, cut off): each such attempt is
+-- recorded as 'lost' and the job runs again (attempt + 1) unless it is out of attempts.
+-- Returns the number of jobs recovered.
+CREATE FUNCTION fairqueue.recover_expired_workers()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_worker record;
+    v_ids    bigint[];
+    v_n      integer;
+    v_total  integer := 0;
+BEGIN
+    FOR v_worker IN
+        SELECT id, lease_expires_at FROM fairqueue.worker WHERE lease_expires_at < clock_timestamp()
+        ORDER BY id FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT array_agg(job_id ORDER BY job_id) INTO v_ids FROM fairqueue.running_job WHERE worker_id = v_worker.id;
+        IF v_ids IS NOT NULL THEN
+            v_n := cardinality(v_ids);
+            PERFORM fairqueue.finish(v_worker.id, v_ids, array_fill('lost'::text, ARRAY[v_n]), NULL,
+                                     array_fill(format('worker %s stopped heartbeating; its lease expired at %s',
+                                                       v_worker.id, v_worker.lease_expires_at), ARRAY[v_n]),
+                                     array_fill(0::double precision, ARRAY[v_n]));
+            v_total := v_total + v_n;
+        END IF;
+        DELETE FROM fairqueue.worker WHERE id = v_worker.id;
+    END LOOP;
+    RETURN v_total;
+END $$;
+
+-- Cancels a job. Returns 'cancelled' (it will never run), 'cancel_requested' (it is running: its
+-- worker is asked to stop it), 'finished' (it had already ended) or 'not_found'.
+CREATE FUNCTION fairqueue.cancel(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_running  fairqueue.running_job%ROWTYPE;
+    v_attempt  integer;
+    v_ready    timestamptz;
+    v_found    boolean;
+BEGIN
+    FOR i IN 1 .. 10 LOOP
+        v_attempt := NULL;
+        v_ready := NULL;
+        -- Same lock order as finish (running_job, then job), so the two never deadlock.
+        SELECT * INTO v_running FROM fairqueue.running_job WHERE job_id = p_job_id FOR UPDATE;
+        v_found := FOUND;
+        PERFORM 1 FROM fairqueue.job WHERE id = p_job_id FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM fairqueue.completed_job WHERE job_id = p_job_id AND final) THEN
+                RETURN 'finished';
+            END IF;
+            RETURN 'not_found';
+        END IF;
+        IF v_found THEN
+            IF v_running.worker_id IS NOT NULL THEN
+                UPDATE fairqueue.running_job SET cancel_requested = true WHERE job_id = p_job_id;
+                PERFORM pg_notify('fairqueue_cancel', p_job_id::text);
+                RETURN 'cancel_requested';
+            END IF;
+            DELETE FROM fairqueue.running_job WHERE job_id = p_job_id;
+            v_attempt := v_running.attempt;
+            v_ready := v_running.ready_at;
+        ELSE
+            DELETE FROM fairqueue.scheduled_job WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
+            IF NOT FOUND THEN
+                DELETE FROM fairqueue.fifo_waiting WHERE job_id = p_job_id;
+                IF FOUND THEN
+                    v_attempt := 0;
+                ELSE
+                    DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
+                    IF FOUND THEN
+                        v_attempt := 0;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+        IF v_attempt IS NOT NULL THEN
+            PERFORM fairqueue._update_channels(NULL, fairqueue._finalize(
+                ARRAY[p_job_id], ARRAY[v_attempt], ARRAY['cancelled'], ARRAY[NULL::jsonb], ARRAY['cancelled'],
+                ARRAY[NULL::bigint], ARRAY[v_ready], ARRAY[NULL::timestamptz], v_now));
+            RETURN 'cancelled';
+        END IF;
+        -- The job moved between stages while we looked (a claimer was placing it): look again.
+    END LOOP;
+    RAISE EXCEPTION 'fairqueue: job % kept moving while being cancelled; retry', p_job_id
+        USING ERRCODE = 'serialization_failure';
+END $$;
+
+------------------------------------------------------------------------------------------------
+-- Channel configuration (admin side)
+------------------------------------------------------------------------------------------------
+
+CREATE FUNCTION fairqueue.configure_channel(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1,
+    p_weight           integer DEFAULT 1,
+    p_paused           boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_vnow double precision;
+BEGIN
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
+    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
+                                        paused, tokens, tokens_at, vtime)
+    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
+            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
+            coalesce(v_vnow, 0))
+    ON CONFLICT (name) DO UPDATE SET
+        weight = EXCLUDED.weight,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        paused = EXCLUDED.paused,
+        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE c.tokens_at END,
+        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
+                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                               THEN NULL ELSE c.throttled_until END,
+        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+    PERFORM pg_notify('fairqueue', '');
+END $$;

@@ -1,0 +1,70 @@
+"""fairqueue: a fair, multi-tenant job queue in PostgreSQL.
+
+Enqueue inside your own transaction; workers serve channels (tenants) round-robin, within each
+channel's concurrency cap, rate limit and weight. See README.md and docs/.
+"""
+
+from fairqueue.config import settings
+from fairqueue.consumer import (
+    ClaimedJob,
+    Finished,
+    Outcome,
+    cancel,
+    claim_batch,
+    complete,
+    deregister_worker,
+    ensure_partitions,
+    fail,
+    finish,
+    heartbeat,
+    recover_expired_workers,
+    register_worker,
+    release,
+)
+from fairqueue.errors import (
+    ConfigurationError,
+    DuplicateJobError,
+    FairqueueError,
+    InvalidChannelConfigError,
+    InvalidJobError,
+    UnknownWorkerError,
+    UnsupportedConnectionError,
+)
+from fairqueue.inspection import ChannelInfo, JobInfo, get_job, list_channels
+from fairqueue.producer import JobSpec, configure_channel, enqueue, enqueue_many
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChannelInfo",
+    "ClaimedJob",
+    "ConfigurationError",
+    "DuplicateJobError",
+    "FairqueueError",
+    "Finished",
+    "InvalidChannelConfigError",
+    "InvalidJobError",
+    "JobInfo",
+    "JobSpec",
+    "Outcome",
+    "UnknownWorkerError",
+    "UnsupportedConnectionError",
+    "__version__",
+    "cancel",
+    "claim_batch",
+    "complete",
+    "configure_channel",
+    "deregister_worker",
+    "enqueue",
+    "enqueue_many",
+    "ensure_partitions",
+    "fail",
+    "finish",
+    "get_job",
+    "heartbeat",
+    "list_channels",
+    "recover_expired_workers",
+    "register_worker",
+    "release",
+    "settings",
+]

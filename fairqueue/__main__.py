@@ -1,0 +1,5 @@
+import sys
+
+from fairqueue.cli import main
+
+sys.exit(main())

@@ -1,0 +1,191 @@
+"""Worker side, low level: register workers, claim batches, record outcomes, recover lost jobs.
+
+Each function is one round trip. Call them on a connection of their own in autocommit mode (each
+call is then its own short transaction), or inside a transaction you control: a handler that wants
+its own writes to commit together with its job's completion calls :func:`finish` in that transaction.
+The worker runtime (``fairqueue worker``) is built on exactly these calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+
+from fairqueue import statements as sql
+from fairqueue._db import executor_for
+from fairqueue.config import settings
+from fairqueue.errors import InvalidJobError, UnknownWorkerError
+from fairqueue.validation import check_result
+
+OutcomeName = Literal["succeeded", "failed", "timed_out", "lost", "cancelled"]
+OUTCOMES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "lost", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    id: int
+    kind: str
+    args: dict[str, Any]
+    channel: str
+    attempt: int
+    max_attempts: int
+    timeout: float | None
+    enqueued_at: datetime
+    ready_at: datetime
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one claimed job ended. ``retry_in`` (seconds) asks for another attempt after a failure;
+    it is ignored once the job is out of attempts, and None means no retry."""
+
+    job_id: int
+    outcome: OutcomeName = "succeeded"
+    result: Any = None
+    error: str | None = None
+    retry_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    job_id: int
+    outcome: str
+    final: bool
+    retry_at: datetime | None
+
+
+def _driver_error(exc: BaseException) -> psycopg.Error | None:
+    """The psycopg error behind ``exc`` (SQLAlchemy and Django wrap driver errors)."""
+    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
+        if isinstance(candidate, psycopg.Error):
+            return candidate
+    return None
+
+
+def register_worker(
+    db: object, name: str | None = None, *, lease_seconds: float = 30.0, info: dict[str, Any] | None = None
+) -> int:
+    """Registers a worker and returns its id. Its lease must be renewed with :func:`heartbeat`."""
+    if lease_seconds <= 0:
+        raise ValueError("lease_seconds must be positive")
+    label = name or f"{socket.gethostname()}:{os.getpid()}"
+    [(worker_id,)] = executor_for(db).rows(sql.REGISTER_WORKER, (label, lease_seconds, json.dumps(info or {})))
+    return int(worker_id)
+
+
+def heartbeat(db: object, worker_id: int, *, lease_seconds: float = 30.0) -> bool:
+    """Renews the lease. False means the worker was declared dead and its jobs handed to others."""
+    [(alive,)] = executor_for(db).rows(sql.HEARTBEAT, (worker_id, lease_seconds))
+    return bool(alive)
+
+
+def deregister_worker(db: object, worker_id: int) -> int:
+    """Removes the worker; jobs it still holds are recorded as lost and run again. Returns their number."""
+    [(n,)] = executor_for(db).rows(sql.DEREGISTER_WORKER, (worker_id,))
+    return int(n)
+
+
+def recover_expired_workers(db: object) -> int:
+    """Re-queues the jobs of workers whose lease expired (attempt recorded as 'lost'). Returns how many."""
+    [(n,)] = executor_for(db).rows(sql.RECOVER_EXPIRED_WORKERS)
+    return int(n)
+
+
+def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
+    """Claims up to ``limit`` (1..1000) ready jobs in fair order, in one round trip."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be a whole number from 1 to 1000, got {limit!r}")
+    try:
+        rows = executor_for(db).rows(sql.CLAIM, (worker_id, limit))
+    except Exception as exc:
+        driver_error = _driver_error(exc)
+        if driver_error is not None and driver_error.sqlstate == "FQ001":
+            raise UnknownWorkerError(str(driver_error.diag.message_primary)) from None
+        raise
+    return [
+        ClaimedJob(
+            id=r[0],
+            kind=r[1],
+            args=json.loads(r[2]),
+            channel=r[3],
+            attempt=r[4],
+            max_attempts=r[5],
+            timeout=r[6],
+            enqueued_at=r[7],
+            ready_at=r[8],
+            started_at=r[9],
+        )
+        for r in rows
+    ]
+
+
+def finish(db: object, worker_id: int, outcomes: Sequence[Outcome]) -> list[Finished]:
+    """Records the outcomes of claimed jobs in one round trip.
+
+    Jobs this worker no longer holds (its lease expired and they were recovered) are skipped:
+    they are absent from the returned list.
+    """
+    if not outcomes:
+        return []
+    ids, names, results, errors, retries = [], [], [], [], []
+    for o in outcomes:
+        if o.outcome not in OUTCOMES:
+            raise InvalidJobError(f"outcome must be one of {sorted(OUTCOMES)}, got {o.outcome!r}")
+        ids.append(o.job_id)
+        names.append(o.outcome)
+        results.append(check_result(o.result, limit=settings.max_result_bytes))
+        errors.append(o.error)
+        retries.append(o.retry_in)
+    if len(set(ids)) != len(ids):
+        raise InvalidJobError("finish got the same job id twice")
+    rows = executor_for(db).rows(sql.FINISH, (worker_id, ids, names, results, errors, retries))
+    return [Finished(job_id=r[0], outcome=r[1], final=r[2], retry_at=r[3]) for r in rows]
+
+
+def complete(db: object, worker_id: int, job_id: int, result: Any = None) -> bool:
+    """Marks one job succeeded. False if this worker no longer held it."""
+    return bool(finish(db, worker_id, [Outcome(job_id, "succeeded", result=result)]))
+
+
+def fail(
+    db: object,
+    worker_id: int,
+    job_id: int,
+    error: str,
+    *,
+    retry_in: float | None = None,
+    outcome: OutcomeName = "failed",
+) -> Finished | None:
+    """Records a failed attempt; with ``retry_in`` the job runs again then (if attempts remain)."""
+    done = finish(db, worker_id, [Outcome(job_id, outcome, error=error, retry_in=retry_in)])
+    return done[0] if done else None
+
+
+def release(db: object, worker_id: int, job_ids: Iterable[int]) -> int:
+    """Hands claimed, never-started jobs back to the queue (the attempt does not count)."""
+    ids = list(job_ids)
+    if not ids:
+        return 0
+    [(n,)] = executor_for(db).rows(sql.RELEASE, (worker_id, ids))
+    return int(n)
+
+
+def cancel(db: object, job_id: int) -> str:
+    """Cancels a job: 'cancelled' (it will not run), 'cancel_requested' (running; its worker is told),
+    'finished' (too late) or 'not_found'."""
+    [(state,)] = executor_for(db).rows(sql.CANCEL, (job_id,))
+    return str(state)
+
+
+def ensure_partitions(db: object, days_ahead: int = 3) -> int:
+    """Creates completed_job partitions from today to ``days_ahead`` days ahead; returns how many were new."""
+    [(n,)] = executor_for(db).rows(sql.ENSURE_PARTITIONS, (days_ahead,))
+    return int(n)

@@ -1,0 +1,87 @@
+"""Read-only views of jobs and channels."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fairqueue import statements as sql
+from fairqueue._db import executor_for
+
+#: Where a live job can be. A finished job's status is its final outcome instead.
+LIVE_STATES = ("scheduled", "blocked", "waiting", "ready", "running")
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    attempt: int
+    outcome: str
+    final: bool
+    error: str | None
+    worker_id: int | None
+    started_at: datetime | None
+    finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    id: int
+    kind: str
+    channel: str
+    args: dict[str, Any] | None
+    status: str  # one of LIVE_STATES, or the final outcome (succeeded, failed, cancelled, ...)
+    attempt: int
+    worker_id: int | None
+    run_at: datetime | None
+    result: Any
+    error: str | None
+    enqueued_at: datetime
+    finished_at: datetime | None
+    attempts: list[Attempt]
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in LIVE_STATES
+
+
+def get_job(db: object, job_id: int) -> JobInfo | None:
+    """The job's current state, result and attempt history; None if no such job."""
+    ex = executor_for(db)
+    rows = ex.rows(sql.JOB_STATE, {"id": job_id})
+    if not rows:
+        return None
+    r = rows[0]
+    attempts = [Attempt(*a) for a in ex.rows(sql.JOB_ATTEMPTS, (job_id,))]
+    return JobInfo(
+        id=r[0],
+        kind=r[1],
+        channel=r[2],
+        args=None if r[3] is None else json.loads(r[3]),
+        status=r[6],
+        attempt=r[7],
+        worker_id=r[8],
+        run_at=r[9],
+        result=None if r[10] is None else json.loads(r[10]),
+        error=r[11],
+        enqueued_at=r[5],
+        finished_at=r[12],
+        attempts=attempts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelInfo:
+    name: str
+    weight: int
+    max_concurrency: int | None
+    rate_limit: str | None
+    paused: bool
+    active: bool
+    running: int
+    ready: int
+
+
+def list_channels(db: object) -> list[ChannelInfo]:
+    return [ChannelInfo(*r) for r in executor_for(db).rows(sql.CHANNEL_STATS)]

@@ -1,0 +1,235 @@
+"""Producer side: enqueue jobs and configure channels, inside the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from fairqueue import statements as sql
+from fairqueue._db import executor_for
+from fairqueue.config import settings
+from fairqueue.errors import DuplicateJobError, InvalidChannelConfigError, InvalidJobError
+from fairqueue.validation import (
+    MAX_CHANNEL,
+    check_after,
+    check_channel_settings,
+    check_max_attempts,
+    check_optional_text,
+    check_run_at,
+    check_seconds,
+    check_text,
+    encode_json,
+    parse_rate_limit,
+)
+
+OnDuplicate = Literal["return", "raise"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job for :func:`enqueue_many`; the fields mean what :func:`enqueue`'s arguments mean."""
+
+    kind: str
+    args: Mapping[str, Any] | None = None
+    channel: str = "default"
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    max_attempts: int | None = None
+    timeout: float | timedelta | None = None
+    unique_key: str | None = None
+    fifo_key: str | None = None
+    after: Iterable[int] | None = field(default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    kind: str
+    args: str
+    channel: str
+    run_at: datetime | None
+    max_attempts: int
+    timeout: float | None
+    unique_key: str | None
+    fifo_key: str | None
+    after: list[int] | None
+
+
+def _check(
+    kind: object,
+    args: object,
+    channel: object,
+    run_at: object,
+    delay: object,
+    max_attempts: object,
+    timeout: object,
+    unique_key: object,
+    fifo_key: object,
+    after: object,
+) -> _Checked:
+    return _Checked(
+        kind=check_text("kind", kind),
+        args=encode_json("args", {} if args is None else args, limit=settings.max_args_bytes, require_object=True),
+        channel=check_text("channel", channel, max_len=MAX_CHANNEL),
+        run_at=check_run_at(run_at, delay),
+        max_attempts=check_max_attempts(settings.default_max_attempts if max_attempts is None else max_attempts),
+        timeout=None if timeout is None else check_seconds("timeout", timeout),
+        unique_key=check_optional_text("unique_key", unique_key),
+        fifo_key=check_optional_text("fifo_key", fifo_key),
+        after=check_after(after),
+    )
+
+
+def _check_dependencies_exist(db: object, ids: set[int]) -> None:
+    if not ids:
+        return
+    found = {row[0] for row in executor_for(db).rows(sql.EXISTING_JOB_IDS, {"ids": sorted(ids)})}
+    missing = sorted(ids - found)
+    if missing:
+        raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
+
+
+def enqueue(
+    db: object,
+    kind: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    channel: str = "default",
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    unique_key: str | None = None,
+    fifo_key: str | None = None,
+    after: Iterable[int] | None = None,
+    on_duplicate: OnDuplicate = "return",
+) -> int:
+    """Adds a job in the transaction of ``db`` and returns its id.
+
+    ``db`` is a SQLAlchemy Session or Connection, a psycopg 3 connection or a Django connection;
+    the job exists exactly when that transaction commits. ``args`` is a JSON object.
+
+    - ``channel``: the tenant/queue the job belongs to; channels are served round-robin.
+    - ``run_at`` (aware datetime) or ``delay`` (seconds or timedelta): do not start before then.
+    - ``max_attempts``: attempts before the job fails for good; ``timeout``: seconds per attempt.
+    - ``unique_key``: while an unfinished job holds the key, return its id instead
+      (or raise :class:`DuplicateJobError` with ``on_duplicate="raise"``).
+    - ``fifo_key``: jobs sharing the key run one at a time, in enqueue order.
+    - ``after``: job ids that must succeed first; if one fails for good, so does this job.
+
+    Bad input raises :class:`InvalidJobError` before anything is written.
+    """
+    if on_duplicate not in ("return", "raise"):
+        raise InvalidJobError(f"on_duplicate must be 'return' or 'raise', got {on_duplicate!r}")
+    job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after)
+    ex = executor_for(db)
+    if job.after:
+        _check_dependencies_exist(db, set(job.after))
+    [(job_id, created)] = ex.rows(
+        sql.ENQUEUE,
+        (
+            job.kind,
+            job.args,
+            job.channel,
+            job.run_at,
+            job.max_attempts,
+            job.timeout,
+            job.unique_key,
+            job.fifo_key,
+            job.after,
+        ),
+    )
+    if not created and on_duplicate == "raise":
+        assert job.unique_key is not None
+        raise DuplicateJobError(job.unique_key, int(job_id))
+    return int(job_id)
+
+
+def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[int]:
+    """Adds many jobs in one statement, in the transaction of ``db``; returns their ids in input order.
+
+    Each job is a :class:`JobSpec` or a mapping with the same keys. Every job is checked before any is
+    written. Jobs whose unique key is held by an unfinished job get that job's id back.
+    """
+    checked: list[_Checked] = []
+    for i, spec in enumerate(jobs):
+        if isinstance(spec, Mapping):
+            unknown = set(spec) - set(JobSpec.__dataclass_fields__)
+            if unknown:
+                raise InvalidJobError(f"job #{i}: unknown field(s) {sorted(unknown)}")
+            if "kind" not in spec:
+                raise InvalidJobError(f"job #{i}: kind is required")
+            spec = JobSpec(**spec)
+        elif not isinstance(spec, JobSpec):
+            raise InvalidJobError(f"job #{i}: expected a JobSpec or a mapping, got {type(spec).__name__}")
+        try:
+            checked.append(
+                _check(
+                    spec.kind,
+                    spec.args,
+                    spec.channel,
+                    spec.run_at,
+                    spec.delay,
+                    spec.max_attempts,
+                    spec.timeout,
+                    spec.unique_key,
+                    spec.fifo_key,
+                    spec.after,
+                )
+            )
+        except InvalidJobError as exc:
+            raise InvalidJobError(f"job #{i}: {exc}") from None
+    if not checked:
+        return []
+    dependencies = {d for job in checked for d in (job.after or ())}
+    _check_dependencies_exist(db, dependencies)
+
+    def column(values: list[Any]) -> list[Any] | None:
+        return None if all(v is None for v in values) else values
+
+    rows = executor_for(db).rows(
+        sql.ENQUEUE_MANY,
+        (
+            [j.kind for j in checked],
+            [j.args for j in checked],
+            [j.channel for j in checked],
+            column([j.run_at for j in checked]),
+            [j.max_attempts for j in checked],
+            column([j.timeout for j in checked]),
+            column([j.unique_key for j in checked]),
+            column([j.fifo_key for j in checked]),
+            column([None if j.after is None else "[" + ",".join(map(str, j.after)) + "]" for j in checked]),
+        ),
+    )
+    return [int(job_id) for _, job_id, _ in rows]
+
+
+def configure_channel(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    weight: int = 1,
+    paused: bool = False,
+    burst: float = 1,
+) -> None:
+    """Sets a channel's limits (all of them: omitted ones return to their defaults).
+
+    - ``max_concurrency``: jobs of this channel running at once across all workers (None: no cap).
+    - ``rate_limit``: starts allowed across all workers, e.g. ``"10/s"``, ``"600/m"``, ``"3/10s"``;
+      ``burst`` is how many may start back to back after a quiet spell (default 1: evenly spaced).
+    - ``weight``: share of service relative to other busy channels (2 = twice the share of 1).
+    - ``paused``: no job of the channel starts while true; jobs still queue.
+
+    Runs in the caller's transaction and holds the channel's row until it ends: keep it short.
+    """
+    channel, cap, weight_, paused_, burst_ = check_channel_settings(name, max_concurrency, weight, paused, burst)
+    rate_text: str | None = None
+    per_second: float | None = None
+    if rate_limit is not None:
+        rate_text, per_second = parse_rate_limit(rate_limit)
+    elif burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    executor_for(db).rows(sql.CONFIGURE_CHANNEL, (channel, cap, rate_text, per_second, burst_, weight_, paused_))

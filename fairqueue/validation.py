@@ -1,0 +1,168 @@
+"""Checks every input at the edge, before anything is written, with messages that say what to fix."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fairqueue.errors import InvalidChannelConfigError, InvalidJobError
+
+MAX_NAME = 255
+MAX_CHANNEL = 200
+MAX_ATTEMPTS = 1000
+MAX_WEIGHT = 1000
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_text(what: str, value: object, *, max_len: int = MAX_NAME, error: type[ValueError] = InvalidJobError) -> str:
+    if not isinstance(value, str):
+        raise error(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > max_len:
+        raise error(f"{what} must be 1 to {max_len} characters long, got {len(value)}")
+    if "\x00" in value:
+        raise error(f"{what} must not contain NUL characters")
+    return value
+
+
+def check_optional_text(what: str, value: object) -> str | None:
+    return None if value is None else check_text(what, value)
+
+
+def _check_json_keys(value: object, path: str) -> None:
+    """JSON object keys must be strings: json.dumps would silently turn 1 into "1"."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidJobError(f"{path} has a non-string key {key!r}: JSON object keys must be strings")
+            _check_json_keys(item, f"{path}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_json_keys(item, f"{path}[{i}]")
+
+
+def encode_json(what: str, value: object, *, limit: int, require_object: bool) -> str:
+    """Encodes ``value`` as compact JSON text for a jsonb column, or raises InvalidJobError."""
+    if require_object and not isinstance(value, dict):
+        raise InvalidJobError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
+    _check_json_keys(value, what)
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobError(f"{what} is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidJobError(f"{what} contains a NUL character, which PostgreSQL cannot store in JSON")
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise InvalidJobError(
+            f"{what} take {size} bytes as JSON, above the limit of {limit} bytes "
+            f"(fairqueue.settings / FAIRQUEUE_MAX_ARGS_BYTES)"
+        )
+    return text
+
+
+def check_run_at(run_at: object, delay: object) -> datetime | None:
+    if run_at is not None and delay is not None:
+        raise InvalidJobError("give run_at or delay, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidJobError(f"run_at must be a datetime, got {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise InvalidJobError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        return run_at
+    if delay is not None:
+        seconds = check_seconds("delay", delay, allow_zero=True)
+        return datetime.now(UTC) + timedelta(seconds=seconds)
+    return None
+
+
+def check_seconds(what: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidJobError(f"{what} must be a number of seconds or a timedelta, got {type(value).__name__}")
+    if math.isnan(seconds) or math.isinf(seconds):
+        raise InvalidJobError(f"{what} must be a finite number of seconds")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise InvalidJobError(f"{what} must be {bound} seconds, got {seconds}")
+    return seconds
+
+
+def check_max_attempts(value: object) -> int:
+    if not _is_int(value) or not 1 <= value <= MAX_ATTEMPTS:  # type: ignore[operator]
+        raise InvalidJobError(f"max_attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def check_after(after: object) -> list[int] | None:
+    if after is None:
+        return None
+    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+        raise InvalidJobError(f"after must be a list of job ids, got {type(after).__name__}")
+    ids = list(after)
+    for job_id in ids:
+        if not _is_int(job_id) or job_id <= 0:
+            raise InvalidJobError(f"after must contain job ids (positive integers), got {job_id!r}")
+    return sorted(set(ids)) or None
+
+
+_RATE = re.compile(
+    r"^\s*(?P<count>\d+(?:\.\d+)?)\s*/\s*(?P<every>\d+(?:\.\d+)?)?\s*"
+    r"(?P<unit>s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hour|hours|d|day|days)\s*$",
+    re.IGNORECASE,
+)
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_rate_limit(text: object) -> tuple[str, float]:
+    """Parses ``"10/s"``, ``"600/m"``, ``"5/h"``, ``"100/d"`` or ``"3/10s"``; returns (normalised text, per second)."""
+    if not isinstance(text, str):
+        raise InvalidChannelConfigError(
+            f"rate_limit must be a string such as '10/s' or '600/m', got {type(text).__name__}"
+        )
+    match = _RATE.match(text)
+    if not match:
+        raise InvalidChannelConfigError(
+            f"rate_limit {text!r} is not understood: use COUNT/UNIT such as '10/s', '600/m', '5/h', '100/d' or '3/10s'"
+        )
+    count = float(match["count"])
+    every = float(match["every"] or 1)
+    unit = match["unit"].lower()[0]
+    period = every * _UNIT_SECONDS[unit]
+    if count <= 0 or period <= 0:
+        raise InvalidChannelConfigError(f"rate_limit {text!r} must allow more than zero jobs per period")
+    normalised = f"{match['count']}/{match['every'] or ''}{unit}"
+    return normalised, count / period
+
+
+def check_channel_settings(
+    name: object, max_concurrency: object, weight: object, paused: object, burst: object
+) -> tuple[str, int | None, int, bool, float]:
+    channel = check_text("channel name", name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
+    if max_concurrency is not None and (not _is_int(max_concurrency) or max_concurrency < 1):  # type: ignore[operator]
+        raise InvalidChannelConfigError(
+            f"max_concurrency must be a whole number of at least 1 (or None for no cap), got {max_concurrency!r}; "
+            "use paused=True to stop a channel"
+        )
+    if not _is_int(weight) or not 1 <= weight <= MAX_WEIGHT:  # type: ignore[operator]
+        raise InvalidChannelConfigError(f"weight must be a whole number from 1 to {MAX_WEIGHT}, got {weight!r}")
+    if not isinstance(paused, bool):
+        raise InvalidChannelConfigError(f"paused must be True or False, got {paused!r}")
+    if not isinstance(burst, int | float) or isinstance(burst, bool) or not math.isfinite(burst) or burst < 1:
+        raise InvalidChannelConfigError(f"burst must be a number of at least 1, got {burst!r}")
+    return channel, max_concurrency, weight, paused, float(burst)  # type: ignore[return-value]
+
+
+def check_result(value: Any, *, limit: int) -> str | None:
+    if value is None:
+        return None
+    return encode_json("result", value, limit=limit, require_object=False)

@@ -1,0 +1,157 @@
+"""Fixtures: a real PostgreSQL for every test, never a mock.
+
+- FAIRQUEUE_TEST_DATABASE_URL set: tests create their databases on that server.
+- otherwise: an embedded PostgreSQL is started per test process (FAIRQUEUE_TEST_PG_BINDIR picks
+  other binaries, e.g. /usr/lib/postgresql/15/bin) and removed at the end; servers orphaned by a
+  killed run are reaped at start-up.
+
+Each test process migrates one database once; each test starts from empty tables (TRUNCATE).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from fairqueue import migrations
+from fairqueue.embedded import LocalPostgres, reap_orphans
+from fairqueue.urls import to_sqlalchemy, with_database
+
+TABLES = (
+    "job",
+    "running_job",
+    "scheduled_job",
+    "job_dependency",
+    "fifo_holder",
+    "fifo_waiting",
+    "channel_wakeup",
+    "worker",
+    "channel",
+    "completed_job",
+)
+
+
+def _worker_suffix() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """URL of a database on the test server where test databases can be created."""
+    external = os.environ.get("FAIRQUEUE_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    reap_orphans()
+    server = LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _recreate_database(server: str, name: str) -> str:
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return with_database(server, name)
+
+
+@pytest.fixture(scope="session")
+def migrated_url(server_url: str) -> str:
+    """A database migrated to head once per test process."""
+    url = _recreate_database(server_url, f"fq_test_{_worker_suffix()}")
+    migrations.upgrade(url)
+    return url
+
+
+@pytest.fixture
+def empty_database_url(server_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A brand-new database with nothing in it (for migration tests)."""
+    name = f"fq_empty_{_worker_suffix()}"
+    url = _recreate_database(server_url, name)
+    yield url
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db_url(migrated_url: str) -> str:
+    """The migrated database, emptied for this test."""
+    with psycopg.connect(migrated_url, autocommit=True) as conn:
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{t}" for t in TABLES) + " RESTART IDENTITY")
+    return migrated_url
+
+
+class Connections:
+    """Opens connections to the test database and closes them all at teardown."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._open: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, *, autocommit: bool = True, isolation: str | None = None) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url, autocommit=autocommit)
+        if isolation:
+            conn.isolation_level = getattr(psycopg.IsolationLevel, isolation.upper().replace(" ", "_"))
+        with self._lock:
+            self._open.append(conn)
+        return conn
+
+    def close_all(self) -> None:
+        for conn in self._open:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+@pytest.fixture
+def connect(db_url: str) -> Iterator[Connections]:
+    conns = Connections(db_url)
+    yield conns
+    conns.close_all()
+
+
+@pytest.fixture
+def conn(connect: Connections) -> psycopg.Connection[Any]:
+    """An autocommit connection: each call is its own transaction (how workers talk to the queue)."""
+    return connect()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(to_sqlalchemy(db_url), poolclass=sa.pool.NullPool)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session_factory(engine: sa.Engine) -> Iterator[Callable[[], Session]]:
+    sessions: list[Session] = []
+
+    def make() -> Session:
+        s = Session(engine)
+        sessions.append(s)
+        return s
+
+    yield make
+    for s in sessions:
+        s.close()
+
+
+@pytest.fixture
+def worker(conn: psycopg.Connection[Any]) -> int:
+    """A registered worker id."""
+    import fairqueue
+
+    return fairqueue.register_worker(conn, "test-worker", lease_seconds=300)

@@ -1,0 +1,82 @@
+"""Shared test helpers: a queue-wide consistency check and small conveniences."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import psycopg
+
+import fairqueue
+
+
+def assert_consistent(conn: psycopg.Connection[Any]) -> None:
+    """Checks the invariants that tie the tables together; call it after any concurrent scenario."""
+    places = conn.execute(
+        """
+        SELECT j.id,
+               (r.job_id IS NOT NULL)::int + (s.job_id IS NOT NULL)::int + (f.job_id IS NOT NULL)::int
+               + (EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id))::int AS places
+        FROM fairqueue.job j
+        LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
+        LEFT JOIN fairqueue.scheduled_job s ON s.job_id = j.id
+        LEFT JOIN fairqueue.fifo_waiting f ON f.job_id = j.id
+        """
+    ).fetchall()
+    misplaced = [(job_id, n) for job_id, n in places if n != 1]
+    assert not misplaced, f"live jobs must be in exactly one place: {misplaced[:10]}"
+
+    orphans = conn.execute(
+        """
+        SELECT 'running_job', job_id FROM fairqueue.running_job WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
+        UNION ALL SELECT 'scheduled_job', job_id FROM fairqueue.scheduled_job
+            WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
+        UNION ALL SELECT 'fifo_waiting', job_id FROM fairqueue.fifo_waiting
+            WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
+        UNION ALL SELECT 'job_dependency', job_id FROM fairqueue.job_dependency
+            WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
+        """
+    ).fetchall()
+    assert not orphans, f"staging rows without a live job: {orphans[:10]}"
+
+    counts = dict(
+        conn.execute(
+            "SELECT channel, count(*) FROM fairqueue.running_job WHERE worker_id IS NOT NULL GROUP BY channel"
+        ).fetchall()
+    )
+    recorded = dict(conn.execute("SELECT name, running FROM fairqueue.channel").fetchall())
+    for channel, n in counts.items():
+        assert recorded.get(channel) == n, f"channel {channel}: running={recorded.get(channel)} but {n} running jobs"
+    for channel, n in recorded.items():
+        assert n == counts.get(channel, 0), f"channel {channel}: running={n} but {counts.get(channel, 0)} running jobs"
+
+    stranded = conn.execute(
+        """
+        SELECT DISTINCT r.channel FROM fairqueue.running_job r
+        LEFT JOIN fairqueue.channel c ON c.name = r.channel
+        WHERE r.worker_id IS NULL AND coalesce(NOT c.active, true)
+          AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup w WHERE w.channel = r.channel)
+        """
+    ).fetchall()
+    assert not stranded, f"channels with ready jobs that no claim will look at: {stranded}"
+
+
+def drain(conn: psycopg.Connection[Any], worker_id: int, *, batch: int = 100) -> list[fairqueue.ClaimedJob]:
+    """Claims and completes everything claimable; returns the jobs in the order they were claimed."""
+    order: list[fairqueue.ClaimedJob] = []
+    while True:
+        jobs = fairqueue.claim_batch(conn, worker_id, batch)
+        if not jobs:
+            return order
+        order.extend(jobs)
+        fairqueue.finish(conn, worker_id, [fairqueue.Outcome(j.id) for j in jobs])
+
+
+def channel_counts(jobs: list[fairqueue.ClaimedJob]) -> Counter[str]:
+    return Counter(j.channel for j in jobs)
+
+
+def count(conn: psycopg.Connection[Any], table: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM fairqueue.{table}").fetchone()
+    assert row is not None
+    return int(row[0])

@@ -1,0 +1,218 @@
+"""Invariant 5 (limits are exact across the fleet) and invariant 6's "never claimed twice".
+
+Concurrency tests use real connections in threads, started together at a barrier, and check counts
+at barrier checkpoints, where the sum of what every worker holds is the true number running.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from tests.conftest import Connections
+from tests.helpers import assert_consistent
+
+
+def test_max_concurrency_is_exact_across_eight_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "capped", max_concurrency=3)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "capped"}] * 200)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "open"}] * 2000)
+    threads_n, rounds = 8, 12
+    barrier = threading.Barrier(threads_n)
+    held: list[list[fairqueue.ClaimedJob]] = [[] for _ in range(threads_n)]
+    checkpoints: list[list[int]] = [[] for _ in range(rounds)]
+    seen: list[list[int]] = [[] for _ in range(threads_n)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            c = connect()
+            me = fairqueue.register_worker(c, f"w{i}", lease_seconds=300)
+            rng = random.Random(i)
+            for r in range(rounds):
+                barrier.wait()
+                batch = fairqueue.claim_batch(c, me, rng.randint(1, 8))
+                held[i].extend(batch)
+                seen[i].extend(j.id for j in batch)
+                barrier.wait()  # checkpoint: everyone has claimed; nobody finishes until all have counted
+                checkpoints[r].append(sum(j.channel == "capped" for j in held[i]))
+                barrier.wait()
+                done = [j for j in held[i] if rng.random() < 0.5]
+                fairqueue.finish(c, me, [fairqueue.Outcome(j.id) for j in done])
+                held[i] = [j for j in held[i] if j not in done]
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    totals = [sum(c) for c in checkpoints]
+    assert max(totals) <= 3, totals
+    assert totals.count(3) >= rounds // 2, f"the cap should be used, not just respected: {totals}"
+    all_ids = [x for s in seen for x in s]
+    assert len(all_ids) == len(set(all_ids)), "a job was claimed twice"
+    assert_consistent(conn)
+
+
+def test_parallel_claimers_never_claim_a_job_twice_and_lose_none(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    ids = set(fairqueue.enqueue_many(conn, [{"kind": "k", "channel": f"c{i % 5}"} for i in range(3000)]))
+    fairqueue.configure_channel(conn, "c0", max_concurrency=2)
+    barrier = threading.Barrier(8)
+    claimed: list[list[int]] = [[] for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            c = connect()
+            me = fairqueue.register_worker(c, f"w{i}", lease_seconds=300)
+            barrier.wait()
+            empty = 0
+            while empty < 3:
+                batch = fairqueue.claim_batch(c, me, 10)
+                empty = 0 if batch else empty + 1
+                claimed[i].extend(j.id for j in batch)
+                fairqueue.finish(c, me, [fairqueue.Outcome(j.id) for j in batch])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    flat = [x for ids_ in claimed for x in ids_]
+    assert len(flat) == len(set(flat)), "a job was claimed twice"
+    assert set(flat) == ids, f"{len(ids - set(flat))} jobs were never claimed"
+    assert conn.execute("SELECT count(*) FROM fairqueue.completed_job WHERE outcome = 'succeeded'").fetchone() == (
+        3000,
+    )
+    assert_consistent(conn)
+
+
+def test_claim_does_not_wait_for_a_claimer_holding_its_transaction(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    for name in ("a", "b"):
+        fairqueue.enqueue_many(conn, [{"kind": "k", "channel": name}] * 10)
+    w1 = fairqueue.register_worker(conn)
+    w2 = fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, w1, 2)  # both channels now known to be busy
+    slow = connect(autocommit=False)
+    first = fairqueue.claim_batch(slow, w1, 1)  # holds its channel's row until it commits
+    fast = connect()
+    fast.execute("SET statement_timeout = '2s'")
+    second = fairqueue.claim_batch(fast, w2, 1)
+    assert {first[0].channel, second[0].channel} == {"a", "b"}
+    slow.commit()
+
+
+def test_rate_limit_holds_across_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "limited", rate_limit="20/s")
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "limited"}] * 500)
+    barrier = threading.Barrier(4)
+    counts = [0] * 4
+    window = 1.0
+    started: list[float] = []
+
+    def run(i: int) -> None:
+        c = connect()
+        me = fairqueue.register_worker(c, f"w{i}", lease_seconds=300)
+        barrier.wait()
+        if i == 0:
+            started.append(time.monotonic())
+        deadline = time.monotonic() + window
+        while time.monotonic() < deadline:
+            batch = fairqueue.claim_batch(c, me, 10)
+            counts[i] += len(batch)
+            fairqueue.finish(c, me, [fairqueue.Outcome(j.id) for j in batch])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started[0]
+    total = sum(counts)
+    # a token bucket of 20/s with burst 1 starts at most 1 + 20 * elapsed jobs, whoever claims them
+    assert total <= 1 + 20 * elapsed + 1, (total, elapsed)
+    assert total >= 10 * window, f"rate limit should still let jobs through: {total}"
+
+
+def test_rate_limited_channel_does_not_hold_up_others(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_channel(conn, "slow", rate_limit="1/h")
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "slow"}] * 10)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "fast"}] * 10)
+    first = fairqueue.claim_batch(conn, worker, 20)
+    assert sorted(j.channel for j in first) == ["fast"] * 10 + ["slow"]
+    assert fairqueue.claim_batch(conn, worker, 20) == []
+    throttled = conn.execute(
+        "SELECT throttled_until > now() + interval '59 minutes' FROM fairqueue.channel WHERE name = 'slow'"
+    ).fetchone()
+    assert throttled == (True,)
+
+
+def test_burst_allows_back_to_back_starts(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_channel(conn, "bursty", rate_limit="1/h", burst=5)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bursty"}] * 10)
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 5
+
+
+def test_finishing_frees_a_slot_for_the_next_claim(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_channel(conn, "capped", max_concurrency=2)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "capped"}] * 5)
+    batch = fairqueue.claim_batch(conn, worker, 10)
+    assert len(batch) == 2 and fairqueue.claim_batch(conn, worker, 10) == []
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(batch[0].id)])
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 1
+    assert_consistent(conn)
+
+
+BAD_CONFIGS: list[tuple[dict[str, Any], str]] = [
+    ({"max_concurrency": 0}, "max_concurrency must be a whole number of at least 1"),
+    ({"max_concurrency": 2.5}, "max_concurrency must be"),
+    ({"weight": 0}, "weight must be a whole number from 1 to 1000"),
+    ({"weight": True}, "weight must be"),
+    ({"rate_limit": "ten per second"}, "is not understood"),
+    ({"rate_limit": "0/s"}, "more than zero"),
+    ({"rate_limit": 10}, "must be a string"),
+    ({"burst": 5}, "burst only applies together with a rate_limit"),
+    ({"rate_limit": "5/s", "burst": 0.5}, "burst must be a number of at least 1"),
+    ({"paused": "yes"}, "paused must be True or False"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_CONFIGS)
+def test_bad_channel_settings_are_rejected(conn: psycopg.Connection[Any], kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(fairqueue.InvalidChannelConfigError, match=message):
+        fairqueue.configure_channel(conn, "bob", **kwargs)
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("text", "per_second"),
+    [("10/s", 10.0), ("600/m", 10.0), ("5/h", 5 / 3600), ("100/d", 100 / 86400), ("3/10s", 0.3), ("1.5/sec", 1.5)],
+)
+def test_rate_limit_forms(text: str, per_second: float) -> None:
+    from fairqueue.validation import parse_rate_limit
+
+    assert parse_rate_limit(text)[1] == pytest.approx(per_second)
+
+
+def test_configure_channel_replaces_all_settings(conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "bob", max_concurrency=2, rate_limit="5/s", weight=3, paused=True)
+    fairqueue.configure_channel(conn, "bob", weight=2)
+    [info] = fairqueue.list_channels(conn)
+    assert (info.max_concurrency, info.rate_limit, info.weight, info.paused) == (None, None, 2, False)

@@ -1,0 +1,156 @@
+"""Invariant 2 (enqueue takes no lock anyone waits on) and invariant 3 (no lost wake-ups).
+
+A producer's transaction stays open after it enqueues (it is the user's business transaction). Every
+test here keeps one open and checks that others go on. "Goes on" is checked with a statement
+timeout: a statement that had to wait for the open transaction would hit it and fail the test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from tests.conftest import Connections
+from tests.helpers import assert_consistent
+
+ISOLATIONS = ["read committed", "repeatable read", "serializable"]
+
+
+def _impatient(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    conn.execute("SET statement_timeout = '3s'")
+    if not conn.autocommit:
+        conn.commit()
+    return conn
+
+
+def _open_producer(connect: Connections, isolation: str) -> psycopg.Connection[Any]:
+    return connect(autocommit=False, isolation=isolation)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize("channel_state", ["new", "busy"])
+def test_open_producer_does_not_block_another_producer_of_the_same_channel(
+    connect: Connections, conn: psycopg.Connection[Any], isolation: str, channel_state: str
+) -> None:
+    if channel_state == "busy":
+        fairqueue.enqueue(conn, "earlier", channel="bob")
+        fairqueue.claim_batch(conn, fairqueue.register_worker(conn), 1)  # the channel is now active
+        fairqueue.enqueue(conn, "earlier", channel="bob")
+    holder = _open_producer(connect, isolation)
+    fairqueue.enqueue(holder, "held", channel="bob")  # ... and the transaction stays open
+
+    other = _impatient(_open_producer(connect, isolation))
+    fairqueue.enqueue(other, "other", channel="bob")
+    fairqueue.enqueue_many(other, [{"kind": "bulk", "channel": "bob"}] * 100)
+    other.commit()
+    holder.commit()
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_open_producer_does_not_hide_committed_jobs_of_its_channel(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
+) -> None:
+    committed = fairqueue.enqueue(conn, "committed", channel="bob")
+    holder = _open_producer(connect, isolation)
+    fairqueue.enqueue(holder, "held", channel="bob")
+
+    claimer = _impatient(connect())
+    assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [committed]
+    holder.rollback()
+
+
+def test_open_bulk_producer_of_100k_jobs_blocks_nobody(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    first = fairqueue.enqueue(conn, "committed", channel="bob")
+    holder = _open_producer(connect, "read committed")
+    fairqueue.enqueue_many(holder, ({"kind": "bulk", "channel": "bob"} for _ in range(100_000)))
+
+    other = _impatient(_open_producer(connect, "read committed"))
+    second = fairqueue.enqueue(other, "other", channel="bob")
+    other.commit()
+    claimer = _impatient(connect())
+    assert sorted(j.id for j in fairqueue.claim_batch(claimer, worker, 10)) == [first, second]
+    holder.commit()
+    assert len(fairqueue.claim_batch(claimer, worker, 1000)) == 1000
+
+
+def test_configure_channel_does_not_wait_for_producers(connect: Connections) -> None:
+    holder = _open_producer(connect, "read committed")
+    fairqueue.enqueue(holder, "held", channel="bob")
+    admin = _impatient(connect())
+    fairqueue.configure_channel(admin, "bob", max_concurrency=2)
+    holder.commit()
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_job_committed_after_its_channel_was_drained_is_still_claimed(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
+) -> None:
+    """The lost wake-up race: a claimer finds the channel empty while a producer's insert is in flight."""
+    fairqueue.enqueue(conn, "first", channel="bob")
+    producer = _open_producer(connect, isolation)
+    if isolation != "read committed":
+        # take the snapshot now, while the channel is still busy: it must not fool the producer
+        producer.execute("SELECT 1 FROM fairqueue.channel").fetchall()
+    late = fairqueue.enqueue(producer, "late", channel="bob")
+
+    claimer = _impatient(connect())
+    assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 10)] == ["first"]
+    assert fairqueue.claim_batch(claimer, worker, 10) == []  # the claimer saw bob empty
+    producer.commit()
+    assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [late]
+    assert_consistent(conn)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_job_for_a_never_seen_channel_is_claimed_after_commit(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
+) -> None:
+    producer = _open_producer(connect, isolation)
+    job = fairqueue.enqueue(producer, "first-ever", channel="brand-new")
+    assert fairqueue.claim_batch(conn, worker, 10) == []
+    producer.commit()
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
+
+
+def test_many_channels_in_one_read_committed_transaction(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """Past 64 channels a transaction stops taking advisory locks and leaves wakeups instead."""
+    for i in range(100):
+        fairqueue.enqueue(conn, "warm", channel=f"t{i}")
+    fairqueue.claim_batch(conn, worker, 1000)  # all 100 channels drained and idle
+    producer = _open_producer(connect, "read committed")
+    ids = {fairqueue.enqueue(producer, "k", channel=f"t{i}") for i in range(100)}
+    locks = producer.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    ).fetchone()
+    assert locks is not None and locks[0] <= 64
+    producer.commit()
+    assert {j.id for j in fairqueue.claim_batch(conn, worker, 1000)} == ids
+    assert_consistent(conn)
+
+
+def test_busy_channel_needs_no_wakeup_rows(connect: Connections, conn: psycopg.Connection[Any], worker: int) -> None:
+    """While a channel is known to be busy, producers (read committed) write nothing but the job."""
+    fairqueue.enqueue(conn, "k", channel="bob")
+    fairqueue.claim_batch(conn, worker, 1)  # consumes the wakeup, bob is active
+    fairqueue.enqueue(conn, "k", channel="bob")
+    producer = _open_producer(connect, "read committed")
+    for _ in range(50):
+        fairqueue.enqueue(producer, "k", channel="bob")
+    producer.commit()
+    row = conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone()
+    assert row == (0,)
+
+
+def test_idle_channel_gets_one_wakeup_per_transaction(connect: Connections, conn: psycopg.Connection[Any]) -> None:
+    producer = _open_producer(connect, "repeatable read")
+    for _ in range(50):
+        fairqueue.enqueue(producer, "k", channel="bob")
+    producer.commit()
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (1,)

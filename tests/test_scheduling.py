@@ -1,0 +1,252 @@
+"""Scheduling semantics: run_at, after (dependencies), fifo_key, unique_key and cancel."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from tests.conftest import Connections
+from tests.helpers import assert_consistent, count, drain
+
+
+def _make_due(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("UPDATE fairqueue.scheduled_job SET run_at = now() - interval '1 second'")
+
+
+def _status(conn: psycopg.Connection[Any], job_id: int) -> str:
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None
+    return info.status
+
+
+# -- run_at ------------------------------------------------------------------------------------------
+
+
+def test_scheduled_job_becomes_eligible_at_run_at(conn: psycopg.Connection[Any], worker: int) -> None:
+    job = fairqueue.enqueue(conn, "later", run_at=datetime.now(UTC) + timedelta(minutes=5), channel="bob")
+    assert _status(conn, job) == "scheduled"
+    assert fairqueue.claim_batch(conn, worker, 10) == []
+    _make_due(conn)
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
+
+
+def test_due_scheduled_jobs_are_served_fairly(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob", "delay": 60}] * 100)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "alice", "delay": 60}] * 2)
+    _make_due(conn)
+    first = fairqueue.claim_batch(conn, worker, 4)
+    assert sorted(j.channel for j in first) == ["alice", "alice", "bob", "bob"]
+
+
+# -- after -------------------------------------------------------------------------------------------
+
+
+def test_dependant_waits_for_its_dependency_to_succeed(conn: psycopg.Connection[Any], worker: int) -> None:
+    parent = fairqueue.enqueue(conn, "parent")
+    child = fairqueue.enqueue(conn, "child", after=[parent])
+    [job] = fairqueue.claim_batch(conn, worker, 10)
+    assert job.id == parent
+    assert _status(conn, child) == "blocked"
+    fairqueue.complete(conn, worker, parent)
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [child]
+    assert_consistent(conn)
+
+
+def test_dependant_of_a_finished_job_runs_at_once(conn: psycopg.Connection[Any], worker: int) -> None:
+    parent = fairqueue.enqueue(conn, "parent")
+    drain(conn, worker)
+    child = fairqueue.enqueue(conn, "child", after=[parent])
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [child]
+
+
+def test_dependants_fail_when_a_dependency_fails_for_good(conn: psycopg.Connection[Any], worker: int) -> None:
+    a = fairqueue.enqueue(conn, "a")
+    b = fairqueue.enqueue(conn, "b", after=[a])
+    c = fairqueue.enqueue(conn, "c", after=[b])
+    unrelated = fairqueue.enqueue(conn, "d")
+    claimed = fairqueue.claim_batch(conn, worker, 10)
+    assert sorted(j.id for j in claimed) == [a, unrelated]
+    fairqueue.fail(conn, worker, a, "boom")
+    for dependant, cause, outcome in ((b, a, "failed"), (c, b, "dependency_failed")):
+        info = fairqueue.get_job(conn, dependant)
+        assert info is not None and info.status == "dependency_failed"
+        assert info.error == f"dependency {cause} ended with outcome {outcome}"
+    assert_consistent(conn)
+
+
+def test_job_waits_for_all_of_its_dependencies(conn: psycopg.Connection[Any], worker: int) -> None:
+    a, b = fairqueue.enqueue(conn, "a"), fairqueue.enqueue(conn, "b")
+    child = fairqueue.enqueue(conn, "child", after=[a, b])
+    fairqueue.claim_batch(conn, worker, 10)
+    fairqueue.complete(conn, worker, a)
+    assert fairqueue.claim_batch(conn, worker, 10) == []
+    fairqueue.complete(conn, worker, b)
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [child]
+
+
+def test_dependencies_finishing_at_once_release_the_dependant_exactly_once(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    parents = [fairqueue.enqueue(conn, "parent", channel=f"p{i}") for i in range(8)]
+    child = fairqueue.enqueue(conn, "child", after=parents, channel="child")
+    workers = [fairqueue.register_worker(conn) for _ in parents]
+    for w in workers:
+        fairqueue.claim_batch(conn, w, 1)
+    held = {r[0]: r[1] for r in conn.execute("SELECT worker_id, job_id FROM fairqueue.running_job")}
+    barrier = threading.Barrier(len(workers))
+    errors: list[BaseException] = []
+
+    def finish(w: int) -> None:
+        try:
+            c = connect()
+            barrier.wait()
+            fairqueue.complete(c, w, held[w])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=finish, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert [j.id for j in fairqueue.claim_batch(conn, workers[0], 10)] == [child]
+    assert_consistent(conn)
+
+
+def test_dependency_enqueued_in_the_same_transaction(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    tx = connect(autocommit=False)
+    parent = fairqueue.enqueue(tx, "parent")
+    child = fairqueue.enqueue(tx, "child", after=[parent])
+    tx.commit()
+    assert [j.id for j in drain(conn, worker)] == [parent, child]
+
+
+# -- fifo_key ----------------------------------------------------------------------------------------
+
+
+def test_fifo_key_runs_one_at_a_time_in_order(conn: psycopg.Connection[Any], worker: int) -> None:
+    ids = [fairqueue.enqueue(conn, "k", fifo_key="account-7", channel="bob") for _ in range(5)]
+    other = fairqueue.enqueue(conn, "k", fifo_key="account-8", channel="bob")
+    order: list[int] = []
+    for _ in range(5):
+        batch = fairqueue.claim_batch(conn, worker, 10)
+        order.extend(j.id for j in batch if j.id in ids)
+        assert sum(j.id in ids for j in batch) == 1
+        fairqueue.finish(conn, worker, [fairqueue.Outcome(j.id) for j in batch])
+    assert order == ids
+    assert _status(conn, other) == "succeeded"
+    assert_consistent(conn)
+
+
+def test_fifo_key_is_held_while_the_job_retries(conn: psycopg.Connection[Any], worker: int) -> None:
+    first = fairqueue.enqueue(conn, "k", fifo_key="acct", max_attempts=2)
+    second = fairqueue.enqueue(conn, "k", fifo_key="acct")
+    [job] = fairqueue.claim_batch(conn, worker, 10)
+    assert job.id == first
+    fairqueue.fail(conn, worker, first, "try again", retry_in=60)
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # second may not overtake the retrying first
+    _make_due(conn)
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [first]
+    fairqueue.fail(conn, worker, first, "gave up")
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [second]
+
+
+def test_cancelling_the_fifo_holder_passes_the_key_on(conn: psycopg.Connection[Any], worker: int) -> None:
+    first = fairqueue.enqueue(conn, "k", fifo_key="acct")
+    second = fairqueue.enqueue(conn, "k", fifo_key="acct")
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [first]
+    fairqueue.complete(conn, worker, first)
+    assert fairqueue.cancel(conn, second) == "cancelled"
+    third = fairqueue.enqueue(conn, "k", fifo_key="acct")
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [third]
+    assert_consistent(conn)
+
+
+# -- unique_key --------------------------------------------------------------------------------------
+
+
+def test_unique_key_returns_the_unfinished_job(conn: psycopg.Connection[Any], worker: int) -> None:
+    first = fairqueue.enqueue(conn, "report", unique_key="report:2026-11")
+    assert fairqueue.enqueue(conn, "report", unique_key="report:2026-11") == first
+    with pytest.raises(fairqueue.DuplicateJobError) as err:
+        fairqueue.enqueue(conn, "report", unique_key="report:2026-11", on_duplicate="raise")
+    assert err.value.existing_job_id == first
+    drain(conn, worker)
+    second = fairqueue.enqueue(conn, "report", unique_key="report:2026-11")
+    assert second != first
+
+
+def test_unique_keys_in_bulk(conn: psycopg.Connection[Any]) -> None:
+    existing = fairqueue.enqueue(conn, "k", unique_key="a")
+    ids = fairqueue.enqueue_many(
+        conn,
+        [
+            {"kind": "k", "unique_key": "a"},
+            {"kind": "k", "unique_key": "b"},
+            {"kind": "k", "unique_key": "b"},
+            {"kind": "k"},
+        ],
+    )
+    assert ids[0] == existing and ids[1] == ids[2] and len(set(ids)) == 3
+    assert count(conn, "job") == 3
+
+
+# -- cancel ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["ready", "scheduled", "blocked", "waiting"])
+def test_cancelled_queued_job_never_runs(conn: psycopg.Connection[Any], worker: int, where: str) -> None:
+    blocker = fairqueue.enqueue(conn, "blocker", fifo_key="f") if where in ("blocked", "waiting") else None
+    if blocker:
+        fairqueue.claim_batch(conn, worker, 10)  # the blocker runs and holds the FIFO key
+    job = fairqueue.enqueue(
+        conn,
+        "victim",
+        delay=60 if where == "scheduled" else None,
+        after=[blocker] if where == "blocked" and blocker else None,
+        fifo_key="f" if where == "waiting" else None,
+        channel="held",
+    )
+    fairqueue.configure_channel(conn, "held", paused=True)  # a ready job stays ready
+    fairqueue.claim_batch(conn, worker, 10)  # placement happens at claims
+    assert _status(conn, job) == where
+    assert fairqueue.cancel(conn, job) == "cancelled"
+    assert fairqueue.cancel(conn, job) == "finished"
+    _make_due(conn)
+    fairqueue.configure_channel(conn, "held", paused=False)
+    if blocker:
+        fairqueue.complete(conn, worker, blocker)
+    assert all(j.id != job for j in drain(conn, worker))
+    assert _status(conn, job) == "cancelled"
+    assert_consistent(conn)
+
+
+def test_cancelling_a_running_job_asks_its_worker(conn: psycopg.Connection[Any], worker: int) -> None:
+    job = fairqueue.enqueue(conn, "long")
+    fairqueue.claim_batch(conn, worker, 1)
+    assert fairqueue.cancel(conn, job) == "cancel_requested"
+    assert conn.execute("SELECT cancel_requested FROM fairqueue.running_job").fetchone() == (True,)
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(job, "cancelled")])
+    assert _status(conn, job) == "cancelled"
+
+
+def test_cancel_unknown_job(conn: psycopg.Connection[Any]) -> None:
+    assert fairqueue.cancel(conn, 424242) == "not_found"
+
+
+def test_cancelling_a_dependency_fails_its_dependants(conn: psycopg.Connection[Any], worker: int) -> None:
+    parent = fairqueue.enqueue(conn, "parent", delay=60)
+    child = fairqueue.enqueue(conn, "child", after=[parent])
+    fairqueue.claim_batch(conn, worker, 10)
+    assert fairqueue.cancel(conn, parent) == "cancelled"
+    info = fairqueue.get_job(conn, child)
+    assert info is not None and info.status == "dependency_failed"
+    assert info.error == f"dependency {parent} ended with outcome cancelled"

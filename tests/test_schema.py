@@ -1,0 +1,198 @@
+"""Schema: migrations round-trip, models match the database, completed_job partitioning."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.orm import Session
+
+import fairqueue
+from fairqueue import migrations, models
+from fairqueue.urls import to_sqlalchemy
+from tests.factories import ChannelFactory, CompletedJobFactory, WorkerFactory, use_session
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as c:
+        return {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'fairqueue'")}
+
+
+def test_upgrade_downgrade_upgrade(empty_database_url: str) -> None:
+    migrations.upgrade(empty_database_url)
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+    assert {"job", "running_job", "completed_job", "channel", "worker"} <= _tables(empty_database_url)
+    migrations.downgrade(empty_database_url, "base")
+    assert _tables(empty_database_url) == set()
+    assert migrations.current_revision(empty_database_url) is None
+    migrations.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as c:
+        job = fairqueue.enqueue(c, "after.round.trip")
+        worker = fairqueue.register_worker(c)
+        assert [j.id for j in fairqueue.claim_batch(c, worker, 1)] == [job]
+
+
+def test_upgrade_twice_is_a_no_op(empty_database_url: str) -> None:
+    migrations.upgrade(empty_database_url)
+    migrations.upgrade(empty_database_url)
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+def test_models_match_the_migrated_schema(migrated_url: str) -> None:
+    engine = sa.create_engine(to_sqlalchemy(migrated_url), poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "include_object": models.include_object,
+                "include_name": lambda name, type_, parent: type_ != "schema" or name == models.SCHEMA,
+                "compare_type": True,
+                "version_table": migrations.VERSION_TABLE,
+            },
+        )
+        diff = compare_metadata(ctx, models.Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def _run(cmd: list[str], url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FAIRQUEUE_DATABASE_URL": url}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_alembic_upgrade_head_from_the_repository_root(empty_database_url: str) -> None:
+    result = _run([sys.executable, "-m", "alembic", "upgrade", "head"], empty_database_url)
+    assert result.returncode == 0, result.stderr
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+def test_fairqueue_migrate_command(empty_database_url: str) -> None:
+    result = _run([sys.executable, "-m", "fairqueue", "migrate"], empty_database_url)
+    assert result.returncode == 0, result.stderr
+    assert "at head" in result.stdout
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+def test_migrate_with_a_malformed_url_prints_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "fairqueue", "migrate", "--database-url", "mysql://root:secret@db/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "malformed database URL" in result.stderr
+    assert "secret" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_migrate_with_an_unreachable_database_prints_one_line() -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairqueue",
+            "migrate",
+            "--database-url",
+            "postgresql://u:hunter2@127.0.0.1:1/nowhere?connect_timeout=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and "cannot connect" in result.stderr
+    assert "hunter2" not in result.stderr and "Traceback" not in result.stderr
+
+
+# -- completed_job partitions -------------------------------------------------------------------------
+
+
+def _partitions(conn: psycopg.Connection[Any]) -> set[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'fairqueue.completed_job'::regclass"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def test_history_is_partitioned_by_day_and_outcome(conn: psycopg.Connection[Any]) -> None:
+    today = datetime.now(UTC).date()
+    days = {f"completed_job_p{(today + timedelta(days=d)):%Y%m%d}" for d in range(-1, 4)}
+    assert days | {"completed_job_default"} <= _partitions(conn)
+    subs = conn.execute(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+        "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass ORDER BY 1",
+        (f"fairqueue.completed_job_p{today:%Y%m%d}",),
+    ).fetchall()
+    assert [s[0].rsplit("_", 1)[1] for s in subs] == ["failed", "other", "succeeded"]
+    assert subs[1][1] == "DEFAULT"
+
+
+def test_finished_jobs_land_in_their_day_and_outcome(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.enqueue(conn, "ok")
+    fairqueue.enqueue(conn, "bad")
+    for job in fairqueue.claim_batch(conn, worker, 2):
+        if job.kind == "ok":
+            fairqueue.complete(conn, worker, job.id)
+        else:
+            fairqueue.fail(conn, worker, job.id, "no")
+    rows = conn.execute("SELECT tableoid::regclass::text, outcome FROM fairqueue.completed_job ORDER BY 2").fetchall()
+    today = f"{datetime.now(UTC):%Y%m%d}"
+    assert rows == [
+        (f"fairqueue.completed_job_p{today}_failed", "failed"),
+        (f"fairqueue.completed_job_p{today}_succeeded", "succeeded"),
+    ]
+
+
+def test_history_outside_every_partition_goes_to_the_default(
+    session_factory: Callable[[], Session], conn: psycopg.Connection[Any]
+) -> None:
+    far = datetime(2031, 6, 1, 12, tzinfo=UTC)
+    s = session_factory()
+    use_session(s)
+    CompletedJobFactory.create_batch(3, finished_at=far)
+    s.commit()
+    where = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM fairqueue.completed_job").fetchall()
+    assert where == [("fairqueue.completed_job_default",)]
+    # creating that day's partition later moves its rows out of the default partition
+    conn.execute("SELECT fairqueue.ensure_completed_partitions(0, %s)", (date(2031, 6, 1),))
+    where = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM fairqueue.completed_job").fetchall()
+    assert where == [("fairqueue.completed_job_p20310601_succeeded",)]
+    assert conn.execute("SELECT count(*) FROM fairqueue.completed_job").fetchone() == (3,)
+    conn.execute("DROP TABLE fairqueue.completed_job_p20310601")
+
+
+def test_ensure_partitions_is_idempotent(conn: psycopg.Connection[Any]) -> None:
+    before = _partitions(conn)
+    created = fairqueue.ensure_partitions(conn, days_ahead=5)
+    assert created == 2  # the migration made today .. today+3
+    assert fairqueue.ensure_partitions(conn, days_ahead=5) == 0
+    assert len(_partitions(conn) - before) == 2
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="between 0 and 366"):
+        fairqueue.ensure_partitions(conn, days_ahead=-1)
+
+
+def test_factories_write_through_the_models(session_factory: Callable[[], Session]) -> None:
+    s = session_factory()
+    use_session(s)
+    ChannelFactory(name="acme", weight=2, max_concurrency=3)
+    WorkerFactory()
+    CompletedJobFactory(channel="acme")
+    s.commit()
+    assert s.scalars(sa.select(models.Channel.name)).all() == ["acme"]
+    assert s.scalar(sa.select(sa.func.count()).select_from(models.Worker)) == 1
+    row = s.scalars(sa.select(models.CompletedJob)).one()
+    assert (row.channel, row.outcome, row.final) == ("acme", "succeeded", True)

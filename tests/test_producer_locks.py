@@ -137,9 +137,8 @@ def test_many_channels_in_one_read_committed_transaction(
 
 def test_busy_channel_needs_no_wakeup_rows(connect: Connections, conn: psycopg.Connection[Any], worker: int) -> None:
     """While a channel is known to be busy, producers (read committed) write nothing but the job."""
-    fairqueue.enqueue(conn, "k", channel="bob")
-    fairqueue.claim_batch(conn, worker, 1)  # consumes the wakeup, bob is active
-    fairqueue.enqueue(conn, "k", channel="bob")
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 2)
+    fairqueue.claim_batch(conn, worker, 1)  # consumes the wakeup; bob still has a job, so stays active
     producer = _open_producer(connect, "read committed")
     for _ in range(50):
         fairqueue.enqueue(producer, "k", channel="bob")

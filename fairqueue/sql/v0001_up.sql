@@ -338,6 +338,7 @@ DECLARE
     v_new      bigint[];
     v_pos      bigint[];
     v_channels text[];
+    v_channel  text;
     v_sched    integer;
 BEGIN
     IF v_n = 0 THEN
@@ -400,10 +401,18 @@ BEGIN
     INTO v_new, v_pos, v_channels, v_sched;
 
     IF v_channels IS NOT NULL THEN
-        -- one wakeup per channel, not per job
-        INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+        IF cardinality(v_channels) <= 64 AND current_setting('transaction_isolation') = 'read committed' THEN
+            -- few channels: the same check as a single enqueue, so busy channels need no wakeup row
+            FOREACH v_channel IN ARRAY v_channels LOOP
+                PERFORM fairqueue._wake_channel(v_channel);
+            END LOOP;
+        ELSE
+            -- one wakeup per channel, not per job
+            INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
     END IF;
-    IF v_channels IS NOT NULL OR v_sched > 0 THEN
+    IF v_sched > 0 THEN
         PERFORM pg_notify('fairqueue', '');
     END IF;
 
@@ -411,7 +420,8 @@ BEGIN
         SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
         FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
         LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
-        LEFT JOIN fairqueue.job j ON n.id IS NULL AND j.unique_key = u.unique_key
+        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job WHERE n.id IS NULL AND unique_key = u.unique_key LIMIT 1) AS j
+            ON true
         WHERE p_unique_keys IS NOT NULL
         UNION ALL
         SELECT n.pos, n.id, true
@@ -466,7 +476,7 @@ BEGIN
                          THEN greatest(c.vtime, coalesce(v_vnow, c.vtime))
                          ELSE c.vtime END
         FROM (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS r
-        WHERE c.name = r.name;
+        WHERE c.name = ANY (p_released) AND c.name = r.name;
     END IF;
     PERFORM fairqueue._activate_channels(p_activate);
 END $$;
@@ -564,9 +574,92 @@ BEGIN
     RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now);
 END $$;
 
--- Ends jobs for good: writes their final history rows, deletes them (freeing unique keys), hands
--- FIFO keys to the next waiting job, and unblocks or fails dependants (transitively).
--- The jobs must already be out of running_job/scheduled_job/fifo_waiting/job_dependency.
+-- What must follow jobs ending for good (their job rows already deleted, in this transaction):
+-- FIFO keys pass to the next waiting job; dependants of succeeded jobs with nothing left to wait for
+-- are placed; dependants of jobs that ended otherwise are returned, to fail in turn.
+-- Runs as separate statements after the deletion, so it sees dependency rows that a concurrent
+-- placement added while holding a lock on the deleted job (see _place).
+CREATE FUNCTION fairqueue._after_final(
+    p_ok           bigint[],
+    p_bad          bigint[],
+    p_bad_outcomes text[],
+    p_fifo_ids     bigint[],
+    p_now          timestamptz,
+    OUT activate   text[],
+    OUT failed_ids bigint[],
+    OUT failed_errors text[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_fifo    record;
+    v_next    bigint;
+    v_next_ch text;
+    v_cand    bigint[];
+    v_dep     record;
+    v_channel text;
+BEGIN
+    activate := '{}';
+    IF p_fifo_ids IS NOT NULL THEN
+        FOR v_fifo IN
+            DELETE FROM fairqueue.fifo_holder h WHERE h.job_id = ANY (p_fifo_ids) RETURNING h.fifo_key
+        LOOP
+            SELECT w.job_id INTO v_next FROM fairqueue.fifo_waiting w
+            WHERE w.fifo_key = v_fifo.fifo_key ORDER BY w.job_id LIMIT 1 FOR UPDATE;
+            IF FOUND THEN
+                DELETE FROM fairqueue.fifo_waiting WHERE job_id = v_next;
+                INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (v_fifo.fifo_key, v_next);
+                SELECT channel INTO v_next_ch FROM fairqueue.job WHERE id = v_next;
+                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+                VALUES (v_next, v_next_ch, 0, p_now);
+                activate := activate || v_next_ch;
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF p_ok IS NOT NULL THEN
+        WITH d AS (DELETE FROM fairqueue.job_dependency WHERE depends_on = ANY (p_ok) RETURNING job_id)
+        SELECT array_agg(DISTINCT d.job_id ORDER BY d.job_id) INTO v_cand FROM d;
+        IF v_cand IS NOT NULL THEN
+            -- Serialise with another finisher releasing the same dependant: whoever locks second
+            -- sees the other's deletion, so exactly one of them places the job.
+            PERFORM 1 FROM fairqueue.job WHERE id = ANY (v_cand) ORDER BY id FOR NO KEY UPDATE;
+            FOR v_dep IN
+                SELECT j.id, j.channel, j.fifo_key FROM fairqueue.job j
+                WHERE j.id = ANY (v_cand)
+                  AND NOT EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id)
+                ORDER BY j.id
+            LOOP
+                v_channel := fairqueue._place_after_dependencies(v_dep.id, v_dep.channel, v_dep.fifo_key, p_now);
+                IF v_channel IS NOT NULL THEN
+                    activate := activate || v_channel;
+                END IF;
+            END LOOP;
+        END IF;
+    END IF;
+
+    IF p_bad IS NOT NULL THEN
+        WITH d AS (
+            DELETE FROM fairqueue.job_dependency dep
+            WHERE dep.depends_on = ANY (p_bad)
+            RETURNING dep.job_id, dep.depends_on
+        ),
+        one AS (
+            SELECT DISTINCT ON (d.job_id) d.job_id, d.depends_on, b.outcome
+            FROM d JOIN unnest(p_bad, p_bad_outcomes) AS b(id, outcome) ON b.id = d.depends_on
+            ORDER BY d.job_id, d.depends_on
+        )
+        SELECT array_agg(job_id ORDER BY job_id),
+               array_agg(format('dependency %s ended with outcome %s', depends_on, outcome) ORDER BY job_id)
+        INTO failed_ids, failed_errors
+        FROM one;
+        IF failed_ids IS NOT NULL THEN
+            DELETE FROM fairqueue.job_dependency WHERE job_id = ANY (failed_ids);
+        END IF;
+    END IF;
+END $$;
+
+-- Ends jobs for good outside the claim/finish fast path (cancel, failed dependencies): writes their
+-- final history rows, deletes them (freeing unique keys) and follows up as _after_final says,
+-- failing dependants transitively. The jobs must already be out of every staging table.
 -- Returns the channels that gained ready jobs.
 CREATE FUNCTION fairqueue._finalize(
     p_job_ids     bigint[],
@@ -592,23 +685,21 @@ DECLARE
     v_ok        bigint[];
     v_bad       bigint[];
     v_bad_out   text[];
-    v_fifo      record;
-    v_next      bigint;
-    v_next_ch   text;
-    v_cand      bigint[];
-    v_dep       record;
+    v_fifo      bigint[];
+    v_next      record;
     v_activate  text[] := '{}';
-    v_channel   text;
+    v_n         integer;
 BEGIN
     WHILE v_ids IS NOT NULL AND cardinality(v_ids) > 0 LOOP
-        WITH f AS (
-            SELECT * FROM unnest(v_ids, v_attempts, v_outcomes, v_results, v_errors, v_workers, v_readys, v_starts)
-                AS u(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at)
+        WITH deleted AS (
+            DELETE FROM fairqueue.job j WHERE j.id = ANY (v_ids)
+            RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at
         ),
         gone AS (
-            DELETE FROM fairqueue.job j USING f WHERE j.id = f.job_id
-            RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at,
-                      f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+            SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+            FROM deleted d
+            JOIN unnest(v_ids, v_attempts, v_outcomes, v_results, v_errors, v_workers, v_readys, v_starts)
+                 AS f(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at) ON f.job_id = d.id
         ),
         hist AS (
             INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
@@ -621,97 +712,46 @@ BEGIN
         )
         SELECT array_agg(job_id) FILTER (WHERE outcome = 'succeeded'),
                array_agg(job_id) FILTER (WHERE outcome <> 'succeeded'),
-               array_agg(outcome) FILTER (WHERE outcome <> 'succeeded')
-        INTO v_ok, v_bad, v_bad_out
+               array_agg(outcome) FILTER (WHERE outcome <> 'succeeded'),
+               array_agg(job_id) FILTER (WHERE fifo_key IS NOT NULL)
+        INTO v_ok, v_bad, v_bad_out, v_fifo
         FROM hist;
 
-        -- FIFO keys held by the finished jobs pass to the oldest waiting job of each key.
-        FOR v_fifo IN
-            DELETE FROM fairqueue.fifo_holder h WHERE h.job_id = ANY (v_ids) RETURNING h.fifo_key
-        LOOP
-            SELECT w.job_id INTO v_next FROM fairqueue.fifo_waiting w
-            WHERE w.fifo_key = v_fifo.fifo_key ORDER BY w.job_id LIMIT 1 FOR UPDATE;
-            IF FOUND THEN
-                DELETE FROM fairqueue.fifo_waiting WHERE job_id = v_next;
-                INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (v_fifo.fifo_key, v_next);
-                SELECT channel INTO v_next_ch FROM fairqueue.job WHERE id = v_next;
-                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
-                VALUES (v_next, v_next_ch, 0, p_now);
-                v_activate := v_activate || v_next_ch;
-            END IF;
-        END LOOP;
-
-        -- Dependants of succeeded jobs: run those with no dependency left.
-        IF v_ok IS NOT NULL THEN
-            WITH d AS (DELETE FROM fairqueue.job_dependency WHERE depends_on = ANY (v_ok) RETURNING job_id)
-            SELECT array_agg(DISTINCT d.job_id ORDER BY d.job_id) INTO v_cand FROM d;
-            IF v_cand IS NOT NULL THEN
-                -- Serialise with another finisher releasing the same dependant: whoever locks second
-                -- sees the other's deletion, so exactly one of them places the job.
-                PERFORM 1 FROM fairqueue.job WHERE id = ANY (v_cand) ORDER BY id FOR NO KEY UPDATE;
-                FOR v_dep IN
-                    SELECT j.id, j.channel, j.fifo_key FROM fairqueue.job j
-                    WHERE j.id = ANY (v_cand)
-                      AND NOT EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id)
-                    ORDER BY j.id
-                LOOP
-                    v_channel := fairqueue._place_after_dependencies(v_dep.id, v_dep.channel, v_dep.fifo_key, p_now);
-                    IF v_channel IS NOT NULL THEN
-                        v_activate := v_activate || v_channel;
-                    END IF;
-                END LOOP;
-            END IF;
-        END IF;
-
-        -- Dependants of jobs that ended otherwise fail too; loop to carry that down the chain.
-        v_ids := NULL;
-        IF v_bad IS NOT NULL THEN
-            WITH d AS (
-                DELETE FROM fairqueue.job_dependency dep
-                USING unnest(v_bad, v_bad_out) AS b(id, outcome)
-                WHERE dep.depends_on = b.id
-                RETURNING dep.job_id, b.id AS failed_id, b.outcome
-            ),
-            one AS (
-                SELECT DISTINCT ON (job_id) job_id, failed_id, outcome FROM d ORDER BY job_id, failed_id
-            )
-            SELECT array_agg(job_id ORDER BY job_id),
-                   array_agg(format('dependency %s ended with outcome %s', failed_id, outcome) ORDER BY job_id)
-            INTO v_ids, v_errors
-            FROM one;
-            IF v_ids IS NOT NULL THEN
-                DELETE FROM fairqueue.job_dependency WHERE job_id = ANY (v_ids);
-                v_attempts := array_fill(0, ARRAY[cardinality(v_ids)]);
-                v_outcomes := array_fill('dependency_failed'::text, ARRAY[cardinality(v_ids)]);
-                v_results := array_fill(NULL::jsonb, ARRAY[cardinality(v_ids)]);
-                v_workers := array_fill(NULL::bigint, ARRAY[cardinality(v_ids)]);
-                v_readys := array_fill(NULL::timestamptz, ARRAY[cardinality(v_ids)]);
-                v_starts := array_fill(NULL::timestamptz, ARRAY[cardinality(v_ids)]);
-            END IF;
+        SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, p_now);
+        v_activate := v_activate || v_next.activate;
+        v_ids := v_next.failed_ids;
+        IF v_ids IS NOT NULL THEN
+            v_n := cardinality(v_ids);
+            v_errors := v_next.failed_errors;
+            v_attempts := array_fill(0, ARRAY[v_n]);
+            v_outcomes := array_fill('dependency_failed'::text, ARRAY[v_n]);
+            v_results := array_fill(NULL::jsonb, ARRAY[v_n]);
+            v_workers := array_fill(NULL::bigint, ARRAY[v_n]);
+            v_readys := array_fill(NULL::timestamptz, ARRAY[v_n]);
+            v_starts := array_fill(NULL::timestamptz, ARRAY[v_n]);
         END IF;
     END LOOP;
     RETURN v_activate;
 END $$;
 
--- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles.
+-- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles: one statement
+-- in the common case. Every channel row it changes is locked (not skipped) in name order: a
+-- concurrent claimer may be marking one idle right now, and the wakeup must win.
 CREATE FUNCTION fairqueue._intake(p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_wake    text[];
-    v_ready   text[];
     v_place   bigint[];
+    v_ready   text[] := '{}';
     v_id      bigint;
     v_channel text;
 BEGIN
-    WITH w AS (
+    WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
         WHERE ctid = ANY (ARRAY(SELECT ctid FROM fairqueue.channel_wakeup LIMIT 1000 FOR UPDATE SKIP LOCKED))
         RETURNING channel
-    )
-    SELECT array_agg(DISTINCT w.channel) INTO v_wake FROM w;
-
-    WITH due AS (
+    ),
+    due AS (
         DELETE FROM fairqueue.scheduled_job s
         WHERE s.job_id = ANY (ARRAY(
             SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
@@ -721,16 +761,39 @@ BEGIN
     classified AS (
         SELECT d.job_id, d.channel, d.attempt,
                (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
-        FROM due d JOIN fairqueue.job j ON j.id = d.job_id
+        FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
     ),
     ready AS (
         INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
         SELECT job_id, channel, attempt, p_now FROM classified WHERE NOT needs_placement ORDER BY job_id
         RETURNING channel
+    ),
+    unthrottled AS (
+        SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000
+    ),
+    touched AS (
+        SELECT name, bool_or(wake) AS wake
+        FROM (SELECT channel AS name, true AS wake FROM woken
+              UNION ALL SELECT channel, true FROM ready
+              UNION ALL SELECT name, false FROM unthrottled) AS t
+        GROUP BY name
+    ),
+    upserted AS (
+        INSERT INTO fairqueue.channel AS c (name, active, vtime)
+        SELECT t.name, t.wake, coalesce(v.vnow, 0)
+        FROM touched t, (SELECT min(vtime) AS vnow FROM fairqueue.channel WHERE eligible) AS v
+        ORDER BY t.name
+        ON CONFLICT (name) DO UPDATE SET
+            active = c.active OR EXCLUDED.active,
+            throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
+            -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
+            -- one leaving a throttle earned no credit while it waited
+            vtime = CASE WHEN EXCLUDED.active AND NOT c.active THEN EXCLUDED.vtime
+                         WHEN c.throttled_until <= p_now THEN greatest(c.vtime, EXCLUDED.vtime)
+                         ELSE c.vtime END
+        WHERE (EXCLUDED.active AND NOT c.active) OR c.throttled_until <= p_now
     )
-    SELECT (SELECT array_agg(DISTINCT channel) FROM ready),
-           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
-    INTO v_ready, v_place;
+    SELECT array_agg(job_id ORDER BY job_id) INTO v_place FROM classified WHERE needs_placement;
 
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP
@@ -739,17 +802,8 @@ BEGIN
                 v_ready := v_ready || v_channel;
             END IF;
         END LOOP;
+        PERFORM fairqueue._activate_channels(v_ready);
     END IF;
-
-    -- Activation waits for row locks (in name order); everything after it only skips locks.
-    PERFORM fairqueue._activate_channels(v_wake || v_ready);
-
-    UPDATE fairqueue.channel c
-    SET throttled_until = NULL,
-        vtime = greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e WHERE e.eligible), c.vtime))
-    WHERE c.name = ANY (ARRAY(
-        SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now
-        ORDER BY throttled_until LIMIT 1000 FOR NO KEY UPDATE SKIP LOCKED));
 END $$;
 
 ------------------------------------------------------------------------------------------------
@@ -814,21 +868,37 @@ END $$;
 -- Claims up to p_limit ready jobs for a worker in one round trip, interleaving channels in
 -- weighted round-robin (start-time fair queueing) order, within each channel's concurrency cap and
 -- rate limit. Rows come back in service order.
+--
+-- Plan discipline for every hot function here: big tables are only reached by key, through
+-- `= ANY (array)` or a `LATERAL (... LIMIT n)` probe, never by a join the planner could turn into a
+-- sequential scan. docs/design.md shows the plans at 1,000,000 queued jobs.
 CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
                started_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- one plan for every call: re-planning the candidate query each time cost more than running it
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := clock_timestamp();
-    v_left    integer := p_limit;
-    v_round   integer := 0;
-    v_ids     bigint[];
-    v_short   text[];
-    v_skip    text[] := '{}';
-    v_cands   integer;
-    v_waited  boolean := false;
+    v_now      timestamptz := clock_timestamp();
+    v_left     integer := p_limit;
+    v_round    integer := 0;
+    v_names    text[];
+    v_alloc    integer[];
+    v_vtimes   double precision[];
+    v_weights  integer[];
+    v_tokens   double precision[];
+    v_rates    double precision[];
+    v_got      integer[];
+    v_ids      bigint[];
+    v_slots    double precision[];
+    v_short    text[];
+    v_skip     text[] := '{}';
+    v_waited   boolean := false;
+    v_head     record;
+    v_i        integer;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
@@ -844,9 +914,9 @@ BEGIN
 
     LOOP
         v_round := v_round + 1;
+        -- 1. The next channels in fair order, and how many of the batch's slots each one wins.
+        --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
-            -- The next channels in fair order. Channels another claimer holds are skipped, so
-            -- concurrent claimers spread over different channels instead of queueing.
             SELECT c.name, c.vtime, c.weight, c.max_concurrency, c.running, c.rate_per_second,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
@@ -868,8 +938,8 @@ BEGIN
             FROM cand
         ),
         slots AS (
-            -- Each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
-            -- possibly win, so this stays O(limit) rows.
+            -- each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
+            -- possibly win, so this stays O(limit) rows
             SELECT r.name, r.vtime + g.n::double precision / r.weight AS slot
             FROM room r
             CROSS JOIN LATERAL generate_series(0, least(
@@ -882,74 +952,90 @@ BEGIN
             SELECT s.name, count(*)::integer AS n
             FROM (SELECT name FROM slots ORDER BY slot, name LIMIT v_left) AS s
             GROUP BY s.name
-        ),
-        picked AS (
-            SELECT p.job_id, a.name AS channel,
-                   row_number() OVER (PARTITION BY a.name ORDER BY p.job_id) AS k
-            FROM alloc a
-            CROSS JOIN LATERAL (
-                SELECT rj.job_id FROM fairqueue.running_job rj
-                WHERE rj.channel = a.name AND rj.worker_id IS NULL
-                ORDER BY rj.job_id
-                LIMIT a.n
-                FOR UPDATE SKIP LOCKED
-            ) AS p
-        ),
-        claimed AS (
-            UPDATE fairqueue.running_job rj
-            SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
-            FROM picked
-            WHERE rj.job_id = picked.job_id
-            RETURNING rj.job_id, rj.channel
-        ),
-        got AS (
-            SELECT claimed.channel, count(*)::integer AS n FROM claimed GROUP BY claimed.channel
-        ),
-        updated AS (
-            UPDATE fairqueue.channel c
-            SET vtime = c.vtime + coalesce(got.n, 0)::double precision / c.weight,
-                running = c.running + coalesce(got.n, 0),
-                tokens = CASE WHEN r.tokens_now IS NULL THEN c.tokens ELSE r.tokens_now - coalesce(got.n, 0) END,
-                tokens_at = CASE WHEN r.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
-                throttled_until = CASE
-                    WHEN r.tokens_now IS NOT NULL AND r.tokens_now - coalesce(got.n, 0) < 1
-                    THEN v_now + make_interval(secs => (1 - (r.tokens_now - coalesce(got.n, 0))) / r.rate_per_second)
-                    END
-            FROM room r LEFT JOIN got ON got.channel = r.name
-            WHERE c.name = r.name AND (got.n IS NOT NULL OR r.tokens_now < 1)
-            RETURNING c.name
         )
-        -- (every data-modifying CTE above runs to completion whether or not it is read)
-        SELECT (SELECT array_agg(p.job_id ORDER BY r.vtime + (p.k - 1)::double precision / r.weight, p.channel)
-                FROM picked p JOIN room r ON r.name = p.channel),
-               (SELECT array_agg(a.name) FROM alloc a LEFT JOIN got ON got.channel = a.name
-                WHERE coalesce(got.n, 0) < a.n),
-               (SELECT count(*) FROM cand)
-        INTO v_ids, v_short, v_cands;
+        SELECT array_agg(r.name ORDER BY r.name), array_agg(coalesce(a.n, 0) ORDER BY r.name),
+               array_agg(r.vtime ORDER BY r.name), array_agg(r.weight ORDER BY r.name),
+               array_agg(r.tokens_now ORDER BY r.name), array_agg(r.rate_per_second ORDER BY r.name)
+        INTO v_names, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
+        FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
-        IF v_ids IS NOT NULL THEN
-            RETURN QUERY
-                SELECT rj.job_id, j.kind, j.args, rj.channel, rj.attempt, j.max_attempts, j.timeout_seconds,
-                       j.created_at, rj.ready_at, rj.started_at
-                FROM unnest(v_ids) WITH ORDINALITY AS u(id, pos)
-                JOIN fairqueue.running_job rj ON rj.job_id = u.id
-                JOIN fairqueue.job j ON j.id = u.id
-                ORDER BY u.pos;
-            v_left := v_left - cardinality(v_ids);
-        END IF;
-        IF v_short IS NOT NULL THEN
-            PERFORM fairqueue._idle_channels(v_short);
-            v_skip := v_skip || v_short;
-        END IF;
-        EXIT WHEN v_left <= 0 OR v_round >= 8;
-        IF v_cands = 0 THEN
+        IF v_names IS NULL THEN
             -- Every eligible channel is held by another claimer at this instant (typically: fewer
             -- busy channels than claimers). Wait for one, once, rather than come back empty.
             EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
             v_waited := true;
-        ELSIF v_ids IS NULL AND v_short IS NULL THEN
-            EXIT;  -- the candidates had no room left (caps, rate limits)
+            CONTINUE;
         END IF;
+
+        -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx), and look
+        --    whether more remain behind them.
+        v_ids := '{}';
+        v_slots := '{}';
+        v_short := '{}';
+        v_got := array_fill(0, ARRAY[cardinality(v_names)]);
+        FOR v_head IN
+            SELECT u.i, u.name, u.n, p.ids,
+                   EXISTS (SELECT 1 FROM fairqueue.running_job r
+                           WHERE r.channel = u.name AND r.worker_id IS NULL
+                             AND r.job_id > coalesce(p.ids[cardinality(p.ids)], 0)) AS more
+            FROM unnest(v_names, v_alloc) WITH ORDINALITY AS u(name, n, i)
+            CROSS JOIN LATERAL (
+                SELECT array_agg(h.job_id ORDER BY h.job_id) AS ids
+                FROM (SELECT r.job_id FROM fairqueue.running_job r
+                      WHERE r.channel = u.name AND r.worker_id IS NULL
+                      ORDER BY r.channel, r.job_id
+                      LIMIT u.n
+                      FOR UPDATE SKIP LOCKED) AS h
+            ) AS p
+            WHERE u.n > 0
+        LOOP
+            v_got[v_head.i] := coalesce(cardinality(v_head.ids), 0);
+            FOR v_i IN 1 .. v_got[v_head.i] LOOP
+                v_ids := v_ids || v_head.ids[v_i];
+                v_slots := v_slots || (v_vtimes[v_head.i] + (v_i - 1)::double precision / v_weights[v_head.i]);
+            END LOOP;
+            IF v_got[v_head.i] < v_head.n OR NOT v_head.more THEN
+                v_short := v_short || v_head.name;
+            END IF;
+        END LOOP;
+
+        -- 3. Charge the channels (virtual time, running count, rate tokens) and hand the jobs out,
+        --    in slot order.
+        IF cardinality(v_ids) > 0 OR coalesce(1 > ANY (v_tokens), false) THEN
+            RETURN QUERY
+                WITH charged AS (
+                    UPDATE fairqueue.channel c
+                    SET vtime = c.vtime + u.got::double precision / c.weight,
+                        running = c.running + u.got,
+                        tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
+                        tokens_at = CASE WHEN u.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
+                        throttled_until = CASE
+                            WHEN u.tokens_now IS NOT NULL AND u.tokens_now - u.got < 1
+                            THEN v_now + make_interval(secs => (1 - (u.tokens_now - u.got)) / u.rate)
+                            END
+                    FROM unnest(v_names, v_got, v_tokens, v_rates) AS u(name, got, tokens_now, rate)
+                    WHERE c.name = ANY (v_names) AND c.name = u.name AND (u.got > 0 OR u.tokens_now < 1)
+                ),
+                claimed AS (
+                    UPDATE fairqueue.running_job rj
+                    SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
+                    WHERE rj.job_id = ANY (v_ids)
+                    RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
+                )
+                SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
+                       j.created_at, c.ready_at, c.started_at
+                FROM claimed c
+                JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
+                CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j
+                ORDER BY u.slot, u.pos;
+            v_left := v_left - cardinality(v_ids);
+        END IF;
+        IF cardinality(v_short) > 0 THEN
+            PERFORM fairqueue._idle_channels(v_short);
+            v_skip := v_skip || v_short;
+        END IF;
+        EXIT WHEN v_left <= 0 OR v_round >= 8;
+        EXIT WHEN cardinality(v_ids) = 0 AND cardinality(v_short) = 0;  -- no room left (caps, rates)
     END LOOP;
 END $$;
 
@@ -971,90 +1057,120 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_now       timestamptz := clock_timestamp();
     v_n         integer := coalesce(cardinality(p_job_ids), 0);
-    v_released  text[];
-    v_fin_ids   bigint[];
-    v_fin_att   integer[];
-    v_fin_out   text[];
-    v_fin_res   jsonb[];
-    v_fin_err   text[];
-    v_fin_rdy   timestamptz[];
-    v_fin_st    timestamptz[];
+    v_problem   text;
+    v_distinct  integer;
+    v_ok        bigint[];
+    v_bad       bigint[];
+    v_bad_out   text[];
+    v_fifo      bigint[];
     v_rows_ids  bigint[];
     v_rows_out  text[];
     v_rows_fin  boolean[];
     v_rows_at   timestamptz[];
+    v_next      record;
+    v_activate  text[];
 BEGIN
     IF v_n = 0 THEN
         RETURN;
     END IF;
-    IF coalesce(cardinality(p_outcomes), -1) <> v_n OR coalesce(cardinality(p_results), v_n) <> v_n
-       OR coalesce(cardinality(p_errors), v_n) <> v_n OR coalesce(cardinality(p_retry_in), v_n) <> v_n THEN
-        RAISE EXCEPTION 'fairqueue: finish arrays must all have % elements', v_n
-            USING ERRCODE = 'invalid_parameter_value';
+    v_problem := CASE
+        WHEN coalesce(cardinality(p_outcomes), -1) <> v_n OR coalesce(cardinality(p_results), v_n) <> v_n
+             OR coalesce(cardinality(p_errors), v_n) <> v_n OR coalesce(cardinality(p_retry_in), v_n) <> v_n
+            THEN format('finish arrays must all have %s elements', v_n)
+        WHEN array_position(p_outcomes, NULL) IS NOT NULL
+             OR NOT p_outcomes <@ ARRAY['succeeded', 'failed', 'timed_out', 'lost', 'cancelled']
+            THEN 'outcome must be one of succeeded, failed, timed_out, lost, cancelled'
+        END;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'fairqueue: %', v_problem USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(p_outcomes) AS o
-               WHERE o IS NULL OR o NOT IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled')) THEN
-        RAISE EXCEPTION 'fairqueue: outcome must be one of succeeded, failed, timed_out, lost, cancelled'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF (SELECT count(DISTINCT i) FROM unnest(p_job_ids) AS i) <> v_n THEN
+    -- Lock the channels whose slots we give back in name order first (claimers and other finishers
+    -- lock in that order too); counting distinct ids on the way.
+    SELECT count(*) INTO v_distinct FROM (SELECT DISTINCT i FROM unnest(p_job_ids) AS i) AS d;
+    IF v_distinct <> v_n THEN
         RAISE EXCEPTION 'fairqueue: finish got the same job id twice' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM 1 FROM fairqueue.channel c
+    WHERE c.name = ANY (ARRAY(SELECT r.channel FROM fairqueue.running_job r
+                              WHERE r.job_id = ANY (p_job_ids) AND r.worker_id = p_worker_id))
+    ORDER BY c.name
+    FOR NO KEY UPDATE;
 
-    WITH input AS (
-        SELECT * FROM unnest(p_job_ids, p_outcomes, p_results, p_errors, p_retry_in)
-            AS u(job_id, outcome, result, error, retry_in)
-    ),
-    gone AS (
-        DELETE FROM fairqueue.running_job r USING input i
-        WHERE r.job_id = i.job_id AND r.worker_id = p_worker_id
-        RETURNING r.job_id, r.channel, r.attempt, r.ready_at, r.started_at, i.outcome, i.result, i.error, i.retry_in
+    -- The common path in one statement: running rows out, history in, retries scheduled, finished
+    -- jobs deleted, slots given back.
+    WITH gone AS (
+        DELETE FROM fairqueue.running_job r
+        WHERE r.job_id = ANY (p_job_ids) AND r.worker_id = p_worker_id
+        RETURNING r.job_id, r.channel, r.attempt, r.ready_at, r.started_at
     ),
     decided AS (
-        SELECT g.*, j.kind, j.unique_key, j.fifo_key, j.created_at,
-               (g.outcome IN ('succeeded', 'cancelled') OR g.retry_in IS NULL OR g.attempt >= j.max_attempts) AS is_final
-        FROM gone g JOIN fairqueue.job j ON j.id = g.job_id
+        SELECT g.*, i.outcome, i.result, i.error, i.retry_in, j.kind, j.args, j.unique_key, j.fifo_key, j.created_at,
+               (i.outcome IN ('succeeded', 'cancelled') OR i.retry_in IS NULL OR g.attempt >= j.max_attempts)
+                   AS is_final
+        FROM gone g
+        JOIN unnest(p_job_ids, p_outcomes, p_results, p_errors, p_retry_in)
+             AS i(job_id, outcome, result, error, retry_in) ON i.job_id = g.job_id
+        CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.job_id LIMIT 1) AS j
     ),
-    attempt_history AS (
+    removed AS (
+        DELETE FROM fairqueue.job WHERE id = ANY (ARRAY(SELECT d.job_id FROM decided d WHERE d.is_final))
+    ),
+    history AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
                                              finished_at)
-        SELECT job_id, attempt, outcome, false, kind, channel, NULL, result, error, p_worker_id, unique_key, fifo_key,
-               created_at, ready_at, started_at, v_now
-        FROM decided WHERE NOT is_final
-        RETURNING 1
+        SELECT job_id, attempt, outcome, is_final, kind, channel, CASE WHEN is_final THEN args END, result, error,
+               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now
+        FROM decided
     ),
     retried AS (
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
         SELECT job_id, channel, v_now + make_interval(secs => greatest(retry_in, 0)), attempt
         FROM decided WHERE NOT is_final
         RETURNING job_id, run_at
+    ),
+    released AS (
+        UPDATE fairqueue.channel c
+        SET running = greatest(c.running - r.n, 0),
+            -- leaving saturation: no credit was earned while at the cap
+            vtime = CASE WHEN c.max_concurrency IS NOT NULL AND c.running >= c.max_concurrency
+                              AND c.running - r.n < c.max_concurrency
+                         THEN greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e
+                                                          WHERE e.eligible), c.vtime))
+                         ELSE c.vtime END
+        FROM (SELECT d.channel, count(*)::integer AS n FROM decided d GROUP BY d.channel) AS r
+        WHERE c.name = ANY (ARRAY(SELECT DISTINCT d.channel FROM decided d)) AND c.name = r.channel
     )
-    SELECT array_agg(d.channel),
-           array_agg(d.job_id ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.attempt ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.outcome ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.result ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.error ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.ready_at ORDER BY d.job_id) FILTER (WHERE d.is_final),
-           array_agg(d.started_at ORDER BY d.job_id) FILTER (WHERE d.is_final),
+    SELECT array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome = 'succeeded'),
+           array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
+           array_agg(d.outcome) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
+           array_agg(d.job_id) FILTER (WHERE d.is_final AND d.fifo_key IS NOT NULL),
            array_agg(d.job_id ORDER BY d.job_id),
            array_agg(d.outcome ORDER BY d.job_id),
            array_agg(d.is_final ORDER BY d.job_id),
            array_agg(r.run_at ORDER BY d.job_id)
-    INTO v_released, v_fin_ids, v_fin_att, v_fin_out, v_fin_res, v_fin_err, v_fin_rdy, v_fin_st,
-         v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+    INTO v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
     FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
 
-    IF v_released IS NULL THEN
+    IF v_rows_ids IS NULL THEN
         RETURN;
     END IF;
-    PERFORM fairqueue._update_channels(
-        v_released,
-        CASE WHEN v_fin_ids IS NOT NULL THEN
-            fairqueue._finalize(v_fin_ids, v_fin_att, v_fin_out, v_fin_res, v_fin_err,
-                                array_fill(p_worker_id, ARRAY[cardinality(v_fin_ids)]), v_fin_rdy, v_fin_st, v_now)
-        END);
+    IF v_ok IS NOT NULL OR v_bad IS NOT NULL THEN
+        SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, v_now);
+        v_activate := v_next.activate;
+        IF v_next.failed_ids IS NOT NULL THEN
+            v_activate := v_activate || fairqueue._finalize(
+                v_next.failed_ids, array_fill(0, ARRAY[cardinality(v_next.failed_ids)]),
+                array_fill('dependency_failed'::text, ARRAY[cardinality(v_next.failed_ids)]),
+                array_fill(NULL::jsonb, ARRAY[cardinality(v_next.failed_ids)]), v_next.failed_errors,
+                array_fill(NULL::bigint, ARRAY[cardinality(v_next.failed_ids)]),
+                array_fill(NULL::timestamptz, ARRAY[cardinality(v_next.failed_ids)]),
+                array_fill(NULL::timestamptz, ARRAY[cardinality(v_next.failed_ids)]), v_now);
+        END IF;
+        IF cardinality(v_activate) > 0 THEN
+            PERFORM fairqueue._activate_channels(v_activate);
+        END IF;
+    END IF;
 
     RETURN QUERY SELECT * FROM unnest(v_rows_ids, v_rows_out, v_rows_fin, v_rows_at);
 END $$;

@@ -48,7 +48,13 @@ class Channel(Base):
     __table_args__ = (
         Index("channel_eligible_idx", "vtime", "name", postgresql_where=text("eligible")),
         Index("channel_throttled_idx", "throttled_until", postgresql_where=text("throttled_until IS NOT NULL")),
-        {"postgresql_with": {"fillfactor": 50}},
+        {
+            "postgresql_with": {
+                "fillfactor": 50,
+                "autovacuum_vacuum_scale_factor": 0,
+                "autovacuum_vacuum_threshold": 1000,
+            }
+        },
     )
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -103,7 +109,13 @@ class RunningJob(Base):
     __table_args__ = (
         Index("running_job_ready_idx", "channel", "job_id", postgresql_where=text("worker_id IS NULL")),
         Index("running_job_worker_idx", "worker_id", postgresql_where=text("worker_id IS NOT NULL")),
-        {"postgresql_with": {"fillfactor": 70}},
+        {
+            "postgresql_with": {
+                "fillfactor": 70,
+                "autovacuum_vacuum_scale_factor": 0.01,
+                "autovacuum_vacuum_threshold": 1000,
+            }
+        },
     )
 
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -119,7 +131,10 @@ class ScheduledJob(Base):
     """Staged until run_at: future jobs, retries in backoff, jobs awaiting dependency/FIFO placement."""
 
     __tablename__ = "scheduled_job"
-    __table_args__ = (Index("scheduled_job_run_at_idx", "run_at"),)
+    __table_args__ = (
+        Index("scheduled_job_run_at_idx", "run_at"),
+        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.02, "autovacuum_vacuum_threshold": 1000}},
+    )
 
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     channel: Mapped[str] = mapped_column(Text)
@@ -157,11 +172,14 @@ class FifoWaiting(Base):
 
 
 class ChannelWakeup(Base):
-    """A producer's note that a channel may have become busy. Heap only (no key in the database)."""
+    """A producer's note that a channel may have become busy; consumed by the next claim."""
 
     __tablename__ = "channel_wakeup"
-    __mapper_args__ = {"primary_key": ["channel", "created_at"]}
+    __table_args__ = {
+        "postgresql_with": {"autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": 200},
+    }
 
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     channel: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
 

@@ -30,6 +30,11 @@ def _tables(url: str) -> set[str]:
         return {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'fairqueue'")}
 
 
+def test_server_is_a_supported_postgresql(conn: psycopg.Connection[Any]) -> None:
+    row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
+    assert row is not None and row[0] >= 150000, f"PostgreSQL 15 is the oldest supported, this is {row}"
+
+
 def test_upgrade_downgrade_upgrade(empty_database_url: str) -> None:
     migrations.upgrade(empty_database_url)
     assert migrations.current_revision(empty_database_url) == migrations.head_revision()

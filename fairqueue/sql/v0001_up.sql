@@ -8,6 +8,9 @@ CREATE SCHEMA IF NOT EXISTS fairqueue;
 
 ------------------------------------------------------------------------------------------------
 -- Tables
+--
+-- The hot tables churn like any queue (rows are written once and deleted soon after); they get
+-- aggressive autovacuum settings so dead tuples do not pile up in front of the next claim.
 ------------------------------------------------------------------------------------------------
 
 -- A channel is a tenant's virtual queue: the unit of fairness and of limits.
@@ -41,7 +44,7 @@ CREATE TABLE fairqueue.channel (
         (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
     CONSTRAINT channel_burst_check CHECK (rate_burst >= 1),
     CONSTRAINT channel_running_check CHECK (running >= 0)
-) WITH (fillfactor = 50);
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 -- The claim walks this index in vtime order; channels with nothing to do are not in it.
 CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, name) WHERE eligible;
@@ -82,7 +85,7 @@ CREATE TABLE fairqueue.running_job (
     ready_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
     started_at        timestamptz,
     cancel_requested  boolean NOT NULL DEFAULT false
-) WITH (fillfactor = 70);
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- Head of each channel's ready queue: (channel, job_id) order is FIFO within the channel.
 CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, job_id) WHERE worker_id IS NULL;
@@ -96,7 +99,7 @@ CREATE TABLE fairqueue.scheduled_job (
     channel  text NOT NULL,
     run_at   timestamptz NOT NULL,
     attempt  integer NOT NULL DEFAULT 0
-);
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000);
 CREATE INDEX scheduled_job_run_at_idx ON fairqueue.scheduled_job (run_at);
 
 -- A job blocked until each depends_on job has succeeded.
@@ -119,12 +122,13 @@ CREATE TABLE fairqueue.fifo_waiting (
 );
 CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (fifo_key, job_id);
 
--- Written by a producer only when its channel may be idle; consumed by the next claim.
--- Heap only: no index to maintain.
+-- Written by a producer only when its channel may be idle; consumed by the next claim, which reads
+-- it through its key: a sequential scan would read every page a past burst left behind.
 CREATE TABLE fairqueue.channel_wakeup (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     channel     text NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
-);
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 
 CREATE TABLE fairqueue.worker (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -748,7 +752,7 @@ DECLARE
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
-        WHERE ctid = ANY (ARRAY(SELECT ctid FROM fairqueue.channel_wakeup LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
         RETURNING channel
     ),
     due AS (

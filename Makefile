@@ -1,0 +1,46 @@
+# fairqueue developer commands. Everything installs into .venv; nothing is needed by hand.
+#   make demo        fair queueing demo on an embedded PostgreSQL
+#   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18)
+#   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
+#   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PG15    ?= /usr/lib/postgresql/15/bin
+PYTEST  ?= $(PY) -m pytest -n 2
+
+# the first Python >= 3.12 on PATH (pyenv's python3 shim honours .python-version in this folder)
+PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
+	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
+	  then command -v $$p; break; fi; done)
+
+.PHONY: demo test test-pg15 lint bench-claim clean
+
+$(VENV)/.installed-%: pyproject.toml
+	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$*]"
+	touch $@
+
+demo: $(VENV)/.installed-embedded
+	$(VENV)/bin/fairqueue demo
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(PYTEST)
+
+test-pg15: $(VENV)/.installed-dev
+	@if [ -x "$(PG15)/postgres" ]; then \
+	  FAIRQUEUE_TEST_PG_BINDIR=$(PG15) $(PYTEST) -m "not slow"; \
+	else echo "no PostgreSQL 15 binaries in $(PG15): skipped"; fi
+
+bench-claim: $(VENV)/.installed-dev
+	$(PY) -m benchmarks.claim_latency
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build

@@ -1,0 +1,61 @@
+"""The wheel carries everything a pip-installed fairqueue needs to migrate a database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fairqueue import migrations
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow  # independent of the PostgreSQL version: not repeated on 15
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [built] = out.glob("fairqueue-*.whl")
+    return built
+
+
+def test_wheel_ships_the_migrations_and_sql(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "fairqueue/_alembic/env.py" in names
+    assert "fairqueue/_alembic/versions/fq0001_initial.py" in names
+    assert "fairqueue/sql/v0001_up.sql" in names
+    assert "fairqueue/sql/v0001_down.sql" in names
+    assert "fairqueue_django/__init__.py" in names
+
+
+def test_installed_wheel_migrates_a_database(wheel: Path, tmp_path: Path, empty_database_url: str) -> None:
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import fairqueue, fairqueue.migrations as m; "
+        "assert fairqueue.__file__.startswith(sys.argv[1]), fairqueue.__file__; "
+        "print(m.script_location()); m.upgrade(sys.argv[2])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(site), empty_database_url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(site / "fairqueue" / "_alembic")
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -80,3 +82,22 @@ def count(conn: psycopg.Connection[Any], table: str) -> int:
     row = conn.execute(f"SELECT count(*) FROM fairqueue.{table}").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def wait_until_blocked_or_done(conn: psycopg.Connection[Any], thread: threading.Thread, timeout: float = 30) -> bool:
+    """Waits until ``thread`` has finished or another session is waiting on a lock; True if blocked.
+
+    Lets a test hold a transaction open exactly until the racing operation has either run to
+    completion (the bug) or queued up behind the lock (the fix), with no fixed sleep.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            return False
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+        if row and row[0] > 0:
+            return True
+        time.sleep(0.005)
+    raise AssertionError("neither finished nor blocked")

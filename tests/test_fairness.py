@@ -40,6 +40,18 @@ def test_batches_interleave_channels(conn: psycopg.Connection[Any], worker: int)
     assert [j.channel for j in batch] == ["a", "b", "c"] * 10
 
 
+def test_more_busy_channels_than_slots_take_turns(conn: psycopg.Connection[Any], worker: int) -> None:
+    """With 20 busy channels and 5 slots per claim, four claims serve every channel once."""
+    names = [f"t{i:02}" for i in range(20)]
+    for name in names:
+        fairqueue.enqueue_many(conn, [{"kind": "k", "channel": name}] * 50)
+    for _ in range(3):
+        served: Counter[str] = Counter()
+        for _ in range(4):
+            served.update(j.channel for j in fairqueue.claim_batch(conn, worker, 5))
+        assert served == dict.fromkeys(names, 1)
+
+
 def test_within_a_channel_jobs_run_in_enqueue_order(conn: psycopg.Connection[Any], worker: int) -> None:
     ids = fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 50)
     assert [j.id for j in drain(conn, worker, batch=7)] == ids
@@ -87,6 +99,16 @@ def test_channel_returning_from_idle_does_not_jump_the_queue(conn: psycopg.Conne
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "b"}] * 500)
     for _ in range(20):
         fairqueue.claim_batch(conn, worker, 20)  # a and b have each had 200 jobs of service
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "c"}] * 500)
+    assert channel_counts(fairqueue.claim_batch(conn, worker, 30)) == {"a": 10, "b": 10, "c": 10}
+
+
+def test_channel_idle_for_a_while_does_not_cash_in_old_credit(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "a"}] * 500)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "b"}] * 500)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "c"}] * 5)
+    for _ in range(20):
+        fairqueue.claim_batch(conn, worker, 20)  # c ran dry early; a and b got ~200 each since
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "c"}] * 500)
     assert channel_counts(fairqueue.claim_batch(conn, worker, 30)) == {"a": 10, "b": 10, "c": 10}
 

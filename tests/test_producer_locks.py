@@ -86,23 +86,41 @@ def test_configure_channel_does_not_wait_for_producers(connect: Connections) -> 
     holder.commit()
 
 
+def _busy_bob(conn: psycopg.Connection[Any], worker: int) -> None:
+    """Bob's channel known to be busy (active), with one job left to claim."""
+    fairqueue.enqueue_many(conn, [{"kind": "first", "channel": "bob"}, {"kind": "second", "channel": "bob"}])
+    assert [j.kind for j in fairqueue.claim_batch(conn, worker, 1)] == ["first"]
+
+
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_job_committed_after_its_channel_was_drained_is_still_claimed(
+def test_job_enqueued_while_its_channel_drains_is_still_claimed(
     connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
 ) -> None:
-    """The lost wake-up race: a claimer finds the channel empty while a producer's insert is in flight."""
-    fairqueue.enqueue(conn, "first", channel="bob")
+    """The lost wake-up race: a claimer drains the channel while a producer's insert is in flight."""
+    _busy_bob(conn, worker)
     producer = _open_producer(connect, isolation)
-    if isolation != "read committed":
-        # take the snapshot now, while the channel is still busy: it must not fool the producer
-        producer.execute("SELECT 1 FROM fairqueue.channel").fetchall()
-    late = fairqueue.enqueue(producer, "late", channel="bob")
+    late = fairqueue.enqueue(producer, "late", channel="bob")  # bob looked busy: no wakeup needed?
 
     claimer = _impatient(connect())
-    assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 10)] == ["first"]
+    assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 10)] == ["second"]
     assert fairqueue.claim_batch(claimer, worker, 10) == []  # the claimer saw bob empty
     producer.commit()
     assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [late]
+    assert_consistent(conn)
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_producer_snapshot_from_before_the_channel_went_idle(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
+) -> None:
+    """A snapshot taken while the channel was busy must not convince the producer it still is."""
+    _busy_bob(conn, worker)
+    producer = _open_producer(connect, isolation)
+    producer.execute("SELECT count(*) FROM fairqueue.channel").fetchall()  # snapshot: bob is active
+    assert [j.kind for j in fairqueue.claim_batch(conn, worker, 10)] == ["second"]  # bob goes idle
+    late = fairqueue.enqueue(producer, "late", channel="bob")
+    producer.commit()
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [late]
     assert_consistent(conn)
 
 
@@ -153,3 +171,17 @@ def test_idle_channel_gets_one_wakeup_per_transaction(connect: Connections, conn
         fairqueue.enqueue(producer, "k", channel="bob")
     producer.commit()
     assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (1,)
+
+
+def test_ready_job_locked_elsewhere_during_a_claim_is_not_stranded(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A claim skips rows another transaction has locked (e.g. a cancel in progress); it must not take
+    the channel for empty and idle it while such a row is still ready."""
+    job = fairqueue.enqueue(conn, "k", channel="bob")
+    other = connect(autocommit=False)
+    other.execute("SELECT 1 FROM fairqueue.running_job WHERE job_id = %s FOR UPDATE", (job,))
+    assert fairqueue.claim_batch(_impatient(connect()), worker, 10) == []
+    other.rollback()
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
+    assert_consistent(conn)

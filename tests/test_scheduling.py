@@ -11,7 +11,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, count, drain
+from tests.helpers import assert_consistent, count, drain, wait_until_blocked_or_done
 
 
 def _make_due(conn: psycopg.Connection[Any]) -> None:
@@ -119,6 +119,68 @@ def test_dependencies_finishing_at_once_release_the_dependant_exactly_once(
     assert_consistent(conn)
 
 
+def test_second_dependency_finishing_while_the_first_is_uncommitted(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Finisher 1 has released its dependency but not committed; finisher 2 must not conclude that
+    the dependant still waits for it (nor may both place it)."""
+    p1 = fairqueue.enqueue(conn, "parent", channel="p1")
+    p2 = fairqueue.enqueue(conn, "parent", channel="p2")
+    child = fairqueue.enqueue(conn, "child", after=[p1, p2], channel="child")
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    assert [j.id for j in fairqueue.claim_batch(conn, w1, 1)] == [p1]
+    assert [j.id for j in fairqueue.claim_batch(conn, w2, 1)] == [p2]
+
+    tx1 = connect(autocommit=False)
+    fairqueue.complete(tx1, w1, p1)  # not committed yet
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            fairqueue.complete(connect(), w2, p2)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=second)
+    t.start()
+    wait_until_blocked_or_done(conn, t)  # with the fix it waits for tx1
+    tx1.commit()
+    t.join()
+    assert not errors, errors
+    assert [j.id for j in fairqueue.claim_batch(conn, w1, 10)] == [child]
+    assert_consistent(conn)
+
+
+def test_dependency_finishing_while_its_dependant_is_being_placed(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """A claim places a dependant (dependency still running) but has not committed; the dependency
+    finishes meanwhile. The finisher must see the new dependency row and release the dependant."""
+    parent = fairqueue.enqueue(conn, "parent", channel="p")
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    assert [j.id for j in fairqueue.claim_batch(conn, w1, 1)] == [parent]
+    child = fairqueue.enqueue(conn, "child", after=[parent], channel="c")
+
+    placing = connect(autocommit=False)
+    assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake placed the child: blocked on parent
+    errors: list[BaseException] = []
+
+    def finish_parent() -> None:
+        try:
+            fairqueue.complete(connect(), w1, parent)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=finish_parent)
+    t.start()
+    wait_until_blocked_or_done(conn, t)
+    placing.commit()
+    t.join()
+    assert not errors, errors
+    assert [j.id for j in fairqueue.claim_batch(conn, w2, 10)] == [child]
+    assert_consistent(conn)
+
+
 def test_dependency_enqueued_in_the_same_transaction(
     connect: Connections, conn: psycopg.Connection[Any], worker: int
 ) -> None:
@@ -157,6 +219,34 @@ def test_fifo_key_is_held_while_the_job_retries(conn: psycopg.Connection[Any], w
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [first]
     fairqueue.fail(conn, worker, first, "gave up")
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [second]
+
+
+def test_fifo_holder_finishing_while_the_next_job_is_being_placed(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    holder = fairqueue.enqueue(conn, "k", fifo_key="acct", channel="a")
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    assert [j.id for j in fairqueue.claim_batch(conn, w1, 1)] == [holder]
+    follower = fairqueue.enqueue(conn, "k", fifo_key="acct", channel="a")
+
+    placing = connect(autocommit=False)
+    assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake queued the follower behind the holder
+    errors: list[BaseException] = []
+
+    def finish_holder() -> None:
+        try:
+            fairqueue.complete(connect(), w1, holder)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=finish_holder)
+    t.start()
+    wait_until_blocked_or_done(conn, t)
+    placing.commit()
+    t.join()
+    assert not errors, errors
+    assert [j.id for j in fairqueue.claim_batch(conn, w2, 10)] == [follower]
+    assert_consistent(conn)
 
 
 def test_cancelling_the_fifo_holder_passes_the_key_on(conn: psycopg.Connection[Any], worker: int) -> None:

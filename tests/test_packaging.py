@@ -59,3 +59,70 @@ def test_installed_wheel_migrates_a_database(wheel: Path, tmp_path: Path, empty_
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(site / "fairqueue" / "_alembic")
     assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+USER_ENV = """
+import os
+import sqlalchemy as sa
+from alembic import context
+
+url = os.environ["APP_DATABASE_URL"].replace("postgresql://", "postgresql+psycopg://", 1)
+engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+with engine.connect() as conn:
+    context.configure(connection=conn, target_metadata=None)
+    with context.begin_transaction():
+        context.run_migrations()
+"""
+
+USER_REVISION = """
+from alembic import op
+
+revision = "app001"
+down_revision = None
+branch_labels = ("app",)
+depends_on = None
+
+
+def upgrade():
+    op.execute("CREATE TABLE public.orders (id serial PRIMARY KEY)")
+
+
+def downgrade():
+    op.execute("DROP TABLE public.orders")
+"""
+
+
+def test_fairqueue_revisions_in_a_projects_own_alembic_environment(
+    wheel: Path, tmp_path: Path, empty_database_url: str
+) -> None:
+    """docs/migrations.md: a project lists fairqueue's versions in its own version_locations."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    project = tmp_path / "project"
+    (project / "migrations" / "versions").mkdir(parents=True)
+    (project / "alembic.ini").write_text(
+        "[alembic]\n"
+        "script_location = %(here)s/migrations\n"
+        "version_locations = %(here)s/migrations/versions fairqueue:_alembic/versions\n"
+    )
+    (project / "migrations" / "env.py").write_text(USER_ENV)
+    (project / "migrations" / "versions" / "app001_orders.py").write_text(USER_REVISION)
+    env = {**os.environ, "PYTHONPATH": str(site), "APP_DATABASE_URL": empty_database_url}
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "heads"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    import psycopg
+
+    with psycopg.connect(empty_database_url) as c:
+        heads = sorted(r[0] for r in c.execute("SELECT version_num FROM alembic_version"))
+        assert heads == ["app001", migrations.head_revision()]
+        assert c.execute("SELECT to_regclass('fairqueue.running_job'), to_regclass('public.orders')").fetchone() == (
+            "fairqueue.running_job",
+            "orders",
+        )

@@ -79,8 +79,9 @@ FROM fairqueue.completed_job WHERE job_id = %s ORDER BY attempt, finished_at
 """
 
 CHANNEL_STATS = """
-SELECT c.name, c.weight, c.max_concurrency, c.rate_limit, c.paused, c.active, c.running,
-       (SELECT count(*) FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NULL) AS ready
+SELECT c.name, c.weight, c.max_concurrency, c.rate_limit, c.paused, c.active,
+       (SELECT count(*) FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NOT NULL),
+       (SELECT count(*) FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NULL)
 FROM fairqueue.channel c
 ORDER BY c.name
 """

@@ -16,7 +16,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent
+from tests.helpers import assert_consistent, wait_until_blocked_or_done
 
 
 def test_max_concurrency_is_exact_across_eight_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
@@ -216,3 +216,73 @@ def test_configure_channel_replaces_all_settings(conn: psycopg.Connection[Any]) 
     fairqueue.configure_channel(conn, "bob", weight=2)
     [info] = fairqueue.list_channels(conn)
     assert (info.max_concurrency, info.rate_limit, info.weight, info.paused) == (None, None, 2, False)
+
+
+def test_capping_a_busy_channel_counts_its_running_jobs(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 10)
+    running = fairqueue.claim_batch(conn, worker, 3)
+    fairqueue.configure_channel(conn, "bob", max_concurrency=2)
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # 3 running, cap 2
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(j.id) for j in running[:2]])
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 1
+    assert_consistent(conn)
+
+
+def _in_thread(target: Any) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, errors
+
+
+def test_cap_set_while_a_finish_is_in_flight(connect: Connections, conn: psycopg.Connection[Any], worker: int) -> None:
+    """The finish has deleted its running row but not committed when the channel gains a cap."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 4)
+    jobs = fairqueue.claim_batch(conn, worker, 2)
+    finishing = connect(autocommit=False)
+    fairqueue.complete(finishing, worker, jobs[0].id)
+    t, errors = _in_thread(lambda: fairqueue.configure_channel(connect(), "bob", max_concurrency=1))
+    wait_until_blocked_or_done(conn, t)  # the recount waits for the finish
+    finishing.commit()
+    t.join()
+    assert not errors, errors
+    assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (1,)
+    assert_consistent(conn)
+
+
+def test_finish_while_a_cap_is_being_set(connect: Connections, conn: psycopg.Connection[Any], worker: int) -> None:
+    """The cap's recount has counted (and locked) the running job when its finish arrives."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 4)
+    jobs = fairqueue.claim_batch(conn, worker, 2)
+    admin = connect(autocommit=False)
+    fairqueue.configure_channel(admin, "bob", max_concurrency=1)  # counted 2 running, not committed
+    t, errors = _in_thread(lambda: fairqueue.complete(connect(), worker, jobs[0].id))
+    wait_until_blocked_or_done(conn, t)  # the finish waits for the recount's lock on its row
+    admin.commit()
+    t.join()
+    assert not errors, errors
+    assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (1,)
+    assert_consistent(conn)
+
+
+def test_claim_does_not_wait_for_a_channel_held_by_configure(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_channel(conn, "bob", weight=1)  # bob exists and is idle
+    admin = connect(autocommit=False)
+    fairqueue.configure_channel(admin, "bob", weight=2)  # holds bob's row until it commits
+    job = fairqueue.enqueue(conn, "k", channel="bob")
+    other = fairqueue.enqueue(conn, "k", channel="alice")
+    claimer = connect()
+    claimer.execute("SET statement_timeout = '2s'")
+    assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [other]
+    admin.commit()
+    assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [job]
+    assert_consistent(conn)

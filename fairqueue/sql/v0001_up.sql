@@ -458,31 +458,32 @@ BEGIN
     WHERE NOT c.active;
 END $$;
 
--- Gives back running slots (one array element per finished or released job) and activates channels
--- that gained ready jobs. Rows are locked in name order so finishers and claimers never deadlock.
-CREATE FUNCTION fairqueue._update_channels(p_released text[], p_activate text[])
+-- Gives back the concurrency slots of finished or released jobs (one array element per job).
+-- Only capped channels count their running jobs, so only their rows are written (in name order).
+-- Runs as a statement of its own after the jobs' running_job rows are gone, so its snapshot sees a
+-- configure_channel that capped the channel meanwhile: that one counted those rows only if it got
+-- to them first, in which case our deletion waited for it to commit (see configure_channel).
+CREATE FUNCTION fairqueue._release_slots(p_released text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_vnow double precision;
 BEGIN
-    IF p_released IS NOT NULL AND cardinality(p_released) > 0 THEN
-        PERFORM 1 FROM fairqueue.channel
-        WHERE name IN (SELECT unnest(p_released) UNION SELECT unnest(p_activate))
-        ORDER BY name
-        FOR NO KEY UPDATE;
-        SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
-        UPDATE fairqueue.channel c
-        SET running = greatest(c.running - r.n, 0),
-            -- leaving saturation: no credit was earned while at the cap
-            vtime = CASE WHEN c.max_concurrency IS NOT NULL AND c.running >= c.max_concurrency
-                              AND c.running - r.n < c.max_concurrency
-                         THEN greatest(c.vtime, coalesce(v_vnow, c.vtime))
-                         ELSE c.vtime END
-        FROM (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS r
-        WHERE c.name = ANY (p_released) AND c.name = r.name;
+    IF p_released IS NULL OR cardinality(p_released) = 0 THEN
+        RETURN;
     END IF;
-    PERFORM fairqueue._activate_channels(p_activate);
+    UPDATE fairqueue.channel c
+    SET running = greatest(c.running - r.n, 0),
+        -- leaving saturation: no credit was earned while at the cap
+        vtime = CASE WHEN c.running >= c.max_concurrency AND c.running - r.n < c.max_concurrency
+                     THEN greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e
+                                                      WHERE e.eligible), c.vtime))
+                     ELSE c.vtime END
+    FROM (SELECT l.name, g.n
+          FROM (SELECT name FROM fairqueue.channel
+                WHERE name = ANY (p_released) AND max_concurrency IS NOT NULL
+                ORDER BY name FOR NO KEY UPDATE) AS l
+          JOIN (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS g
+            USING (name)) AS r
+    WHERE c.name = r.name;
 END $$;
 
 -- Called by a claimer for channels that yielded fewer jobs than it asked for.
@@ -563,7 +564,7 @@ BEGIN
             WHERE job_id = v_dep AND final ORDER BY finished_at DESC LIMIT 1;
             IF v_outcome IS DISTINCT FROM 'succeeded' THEN
                 DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
-                PERFORM fairqueue._update_channels(NULL, fairqueue._finalize(
+                PERFORM fairqueue._activate_channels(fairqueue._finalize(
                     ARRAY[p_job_id], ARRAY[0], ARRAY['dependency_failed'], ARRAY[NULL::jsonb],
                     ARRAY[CASE WHEN v_outcome IS NULL THEN format('dependency %s does not exist', v_dep)
                                ELSE format('dependency %s ended with outcome %s', v_dep, v_outcome) END],
@@ -738,15 +739,13 @@ BEGIN
     RETURN v_activate;
 END $$;
 
--- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles: one statement
--- in the common case. Every channel row it changes is locked (not skipped) in name order: a
--- concurrent claimer may be marking one idle right now, and the wakeup must win.
+-- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles.
 CREATE FUNCTION fairqueue._intake(p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_wake    text[];
     v_place   bigint[];
-    v_ready   text[] := '{}';
     v_id      bigint;
     v_channel text;
 BEGIN
@@ -771,43 +770,59 @@ BEGIN
         INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
         SELECT job_id, channel, attempt, p_now FROM classified WHERE NOT needs_placement ORDER BY job_id
         RETURNING channel
-    ),
-    unthrottled AS (
-        SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000
-    ),
-    touched AS (
-        SELECT name, bool_or(wake) AS wake
-        FROM (SELECT channel AS name, true AS wake FROM woken
-              UNION ALL SELECT channel, true FROM ready
-              UNION ALL SELECT name, false FROM unthrottled) AS t
-        GROUP BY name
-    ),
-    upserted AS (
-        INSERT INTO fairqueue.channel AS c (name, active, vtime)
-        SELECT t.name, t.wake, coalesce(v.vnow, 0)
-        FROM touched t, (SELECT min(vtime) AS vnow FROM fairqueue.channel WHERE eligible) AS v
-        ORDER BY t.name
-        ON CONFLICT (name) DO UPDATE SET
-            active = c.active OR EXCLUDED.active,
-            throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
-            -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
-            -- one leaving a throttle earned no credit while it waited
-            vtime = CASE WHEN EXCLUDED.active AND NOT c.active THEN EXCLUDED.vtime
-                         WHEN c.throttled_until <= p_now THEN greatest(c.vtime, EXCLUDED.vtime)
-                         ELSE c.vtime END
-        WHERE (EXCLUDED.active AND NOT c.active) OR c.throttled_until <= p_now
     )
-    SELECT array_agg(job_id ORDER BY job_id) INTO v_place FROM classified WHERE needs_placement;
+    SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
+    INTO v_wake, v_place;
 
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP
             v_channel := fairqueue._place(v_id, p_now);
             IF v_channel IS NOT NULL THEN
-                v_ready := v_ready || v_channel;
+                v_wake := array_append(v_wake, v_channel);
             END IF;
         END LOOP;
-        PERFORM fairqueue._activate_channels(v_ready);
     END IF;
+
+    -- Mark woken channels active and lift expired throttles. Rows another transaction holds are
+    -- skipped, never waited for (it may be a configure_channel inside a long transaction): their
+    -- wakeups go back in the table for the next claim. A claimer marking one idle right now holds
+    -- it, so its wakeup is retried after that claimer is done, and wins.
+    WITH lockable AS (
+        SELECT c.name FROM fairqueue.channel c
+        WHERE c.name = ANY (ARRAY(
+            SELECT unnest(v_wake)
+            UNION
+            (SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000)))
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    vnow AS (
+        SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible
+    ),
+    created AS (
+        INSERT INTO fairqueue.channel (name, active, vtime)
+        SELECT n, true, coalesce((SELECT v FROM vnow), 0)
+        FROM unnest(v_wake) AS n
+        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = n)
+        ORDER BY n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING name
+    ),
+    updated AS (
+        UPDATE fairqueue.channel c
+        SET active = c.active OR c.name = ANY (v_wake),
+            throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
+            -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
+            -- one leaving a throttle earned no credit while it waited
+            vtime = CASE WHEN NOT c.active AND c.name = ANY (v_wake) THEN coalesce((SELECT v FROM vnow), c.vtime)
+                         WHEN c.throttled_until <= p_now THEN greatest(c.vtime, coalesce((SELECT v FROM vnow), c.vtime))
+                         ELSE c.vtime END
+        WHERE c.name = ANY (ARRAY(SELECT name FROM lockable))
+          AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now)
+    )
+    INSERT INTO fairqueue.channel_wakeup (channel)
+    SELECT n FROM unnest(v_wake) AS n
+    WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
 END $$;
 
 ------------------------------------------------------------------------------------------------
@@ -914,7 +929,12 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    PERFORM fairqueue._intake(v_now);
+    -- Three index probes decide whether the intake statement has anything to do at all.
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+    END IF;
 
     LOOP
         v_round := v_round + 1;
@@ -1010,7 +1030,7 @@ BEGIN
                 WITH charged AS (
                     UPDATE fairqueue.channel c
                     SET vtime = c.vtime + u.got::double precision / c.weight,
-                        running = c.running + u.got,
+                        running = CASE WHEN c.max_concurrency IS NULL THEN c.running ELSE c.running + u.got END,
                         tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
                         tokens_at = CASE WHEN u.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
                         throttled_until = CASE
@@ -1063,6 +1083,7 @@ DECLARE
     v_n         integer := coalesce(cardinality(p_job_ids), 0);
     v_problem   text;
     v_distinct  integer;
+    v_released  text[];
     v_ok        bigint[];
     v_bad       bigint[];
     v_bad_out   text[];
@@ -1088,20 +1109,13 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'fairqueue: %', v_problem USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Lock the channels whose slots we give back in name order first (claimers and other finishers
-    -- lock in that order too); counting distinct ids on the way.
     SELECT count(*) INTO v_distinct FROM (SELECT DISTINCT i FROM unnest(p_job_ids) AS i) AS d;
     IF v_distinct <> v_n THEN
         RAISE EXCEPTION 'fairqueue: finish got the same job id twice' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM 1 FROM fairqueue.channel c
-    WHERE c.name = ANY (ARRAY(SELECT r.channel FROM fairqueue.running_job r
-                              WHERE r.job_id = ANY (p_job_ids) AND r.worker_id = p_worker_id))
-    ORDER BY c.name
-    FOR NO KEY UPDATE;
 
     -- The common path in one statement: running rows out, history in, retries scheduled, finished
-    -- jobs deleted, slots given back.
+    -- jobs deleted. No channel row is written here.
     WITH gone AS (
         DELETE FROM fairqueue.running_job r
         WHERE r.job_id = ANY (p_job_ids) AND r.worker_id = p_worker_id
@@ -1132,20 +1146,9 @@ BEGIN
         SELECT job_id, channel, v_now + make_interval(secs => greatest(retry_in, 0)), attempt
         FROM decided WHERE NOT is_final
         RETURNING job_id, run_at
-    ),
-    released AS (
-        UPDATE fairqueue.channel c
-        SET running = greatest(c.running - r.n, 0),
-            -- leaving saturation: no credit was earned while at the cap
-            vtime = CASE WHEN c.max_concurrency IS NOT NULL AND c.running >= c.max_concurrency
-                              AND c.running - r.n < c.max_concurrency
-                         THEN greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e
-                                                          WHERE e.eligible), c.vtime))
-                         ELSE c.vtime END
-        FROM (SELECT d.channel, count(*)::integer AS n FROM decided d GROUP BY d.channel) AS r
-        WHERE c.name = ANY (ARRAY(SELECT DISTINCT d.channel FROM decided d)) AND c.name = r.channel
     )
-    SELECT array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome = 'succeeded'),
+    SELECT array_agg(d.channel),
+           array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome = 'succeeded'),
            array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
            array_agg(d.outcome) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
            array_agg(d.job_id) FILTER (WHERE d.is_final AND d.fifo_key IS NOT NULL),
@@ -1153,12 +1156,13 @@ BEGIN
            array_agg(d.outcome ORDER BY d.job_id),
            array_agg(d.is_final ORDER BY d.job_id),
            array_agg(r.run_at ORDER BY d.job_id)
-    INTO v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+    INTO v_released, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
     FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
 
     IF v_rows_ids IS NULL THEN
         RETURN;
     END IF;
+    PERFORM fairqueue._release_slots(v_released);
     IF v_ok IS NOT NULL OR v_bad IS NOT NULL THEN
         SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, v_now);
         v_activate := v_next.activate;
@@ -1196,7 +1200,8 @@ BEGIN
     IF v_channels IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM fairqueue._update_channels(v_channels, v_channels);
+    PERFORM fairqueue._release_slots(v_channels);
+    PERFORM fairqueue._activate_channels(v_channels);
     PERFORM pg_notify('fairqueue', '');
     RETURN cardinality(v_channels);
 END $$;
@@ -1301,7 +1306,7 @@ BEGIN
             END IF;
         END IF;
         IF v_attempt IS NOT NULL THEN
-            PERFORM fairqueue._update_channels(NULL, fairqueue._finalize(
+            PERFORM fairqueue._activate_channels(fairqueue._finalize(
                 ARRAY[p_job_id], ARRAY[v_attempt], ARRAY['cancelled'], ARRAY[NULL::jsonb], ARRAY['cancelled'],
                 ARRAY[NULL::bigint], ARRAY[v_ready], ARRAY[NULL::timestamptz], v_now));
             RETURN 'cancelled';
@@ -1327,8 +1332,11 @@ CREATE FUNCTION fairqueue.configure_channel(
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_vnow double precision;
+    v_vnow     double precision;
+    v_old_cap  integer;
+    v_running  integer;
 BEGIN
+    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
     SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
     INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
                                         paused, tokens, tokens_at, vtime)
@@ -1350,5 +1358,17 @@ BEGIN
                                     OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
                                THEN NULL ELSE c.throttled_until END,
         vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+
+    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
+    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
+    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
+    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
+        SELECT count(*) INTO v_running
+        FROM (SELECT 1 FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
+        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
+    ELSIF p_max_concurrency IS NULL THEN
+        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
     PERFORM pg_notify('fairqueue', '');
 END $$;

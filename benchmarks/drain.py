@@ -111,14 +111,18 @@ def main() -> None:
             total, elapsed = run(url, _reference_worker, args.processes)
             print(f"hand-written SKIP LOCKED loop: {total} jobs in {elapsed:.2f} s = {total / elapsed:,.0f} jobs/s")
             for channels in args.channels or [1, 10]:
-                conn.execute("TRUNCATE fairqueue.job, fairqueue.running_job, fairqueue.channel, "
-                             "fairqueue.channel_wakeup, fairqueue.worker, fairqueue.completed_job")
+                conn.execute(
+                    "TRUNCATE fairqueue.job, fairqueue.running_job, fairqueue.channel, "
+                    "fairqueue.channel_wakeup, fairqueue.worker, fairqueue.completed_job"
+                )
                 fairqueue.enqueue_many(
                     conn, [fairqueue.JobSpec("noop", channel=f"c{i % channels}") for i in range(args.jobs)]
                 )
                 conn.execute("VACUUM ANALYZE fairqueue.running_job")
                 total, elapsed = run(url, _fairqueue_worker, args.processes)
-                print(f"fairqueue, {channels} channel(s): {total} jobs in {elapsed:.2f} s = {total / elapsed:,.0f} jobs/s")
+                print(
+                    f"fairqueue, {channels} channel(s): {total} jobs in {elapsed:.2f} s = {total / elapsed:,.0f} jobs/s"
+                )
 
 
 if __name__ == "__main__":

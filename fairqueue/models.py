@@ -46,7 +46,7 @@ class Channel(Base):
 
     __tablename__ = "channel"
     __table_args__ = (
-        Index("channel_eligible_idx", "vtime", "name", postgresql_where=text("eligible")),
+        Index("channel_eligible_idx", "vtime", "served_at", "name", postgresql_where=text("eligible")),
         Index("channel_throttled_idx", "throttled_until", postgresql_where=text("throttled_until IS NOT NULL")),
         {
             "postgresql_with": {
@@ -67,6 +67,9 @@ class Channel(Base):
     active: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     running: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     vtime: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    served_at: Mapped[datetime] = mapped_column(
+        TZ, server_default=text("'1970-01-01 00:00:00+00'::timestamp with time zone")
+    )
     tokens: Mapped[float] = mapped_column(Double, server_default=text("1"))
     tokens_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
     throttled_until: Mapped[datetime | None] = mapped_column(TZ)

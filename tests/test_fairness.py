@@ -25,6 +25,18 @@ def test_bob_ten_thousand_then_alice_one(conn: psycopg.Connection[Any], worker: 
     assert channel_counts(first) == {"bob": 9, newcomer: 1}
 
 
+@pytest.mark.parametrize("newcomer", ["alice", "zed"])
+def test_alice_first_even_when_each_claim_takes_one_channel(
+    conn: psycopg.Connection[Any], worker: int, newcomer: str
+) -> None:
+    """With as many workers as busy channels, a claim takes a single channel: Alice's must be it."""
+    fairqueue.register_worker(conn, "another")
+    fairqueue.enqueue_many(conn, [{"kind": "bob.job", "channel": "bob"}] * 10_000)
+    fairqueue.claim_batch(conn, worker, 10)  # Bob is being served
+    alice = fairqueue.enqueue(conn, "alice.job", channel=newcomer)
+    assert alice in [j.id for j in fairqueue.claim_batch(conn, worker, 10)]
+
+
 def test_alice_arriving_mid_backlog_is_served_in_the_next_claim(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.enqueue_many(conn, [{"kind": "bob.job", "channel": "bob"}] * 10_000)
     for _ in range(50):  # Bob has had 5,000 jobs of service by now
@@ -110,7 +122,8 @@ def test_channel_idle_for_a_while_does_not_cash_in_old_credit(conn: psycopg.Conn
     for _ in range(20):
         fairqueue.claim_batch(conn, worker, 20)  # c ran dry early; a and b got ~200 each since
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "c"}] * 500)
-    assert channel_counts(fairqueue.claim_batch(conn, worker, 30)) == {"a": 10, "b": 10, "c": 10}
+    served = channel_counts(fairqueue.claim_batch(conn, worker, 30))
+    assert all(9 <= served[name] <= 11 for name in "abc"), served  # a third each, ties aside
 
 
 def test_ten_thousand_idle_channels_do_not_get_in_the_way(conn: psycopg.Connection[Any], worker: int) -> None:

@@ -29,6 +29,8 @@ CREATE TABLE fairqueue.channel (
     running          integer NOT NULL DEFAULT 0,
     -- start-time fair queueing: each claimed job adds 1/weight; the lowest vtime is served first
     vtime            double precision NOT NULL DEFAULT 0,
+    -- when a claim last served the channel; breaks ties in vtime (least recently served first)
+    served_at        timestamptz NOT NULL DEFAULT '1970-01-01 00:00:00+00',
     -- token bucket for rate_per_second, refilled lazily at claim time
     tokens           double precision NOT NULL DEFAULT 1,
     tokens_at        timestamptz NOT NULL DEFAULT now(),
@@ -46,8 +48,9 @@ CREATE TABLE fairqueue.channel (
     CONSTRAINT channel_running_check CHECK (running >= 0)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
--- The claim walks this index in vtime order; channels with nothing to do are not in it.
-CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, name) WHERE eligible;
+-- The claim walks this index in fair order: least service first, ties to the least recently
+-- served (round-robin). Channels with nothing to do are not in it.
+CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, served_at, name) WHERE eligible;
 CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE throttled_until IS NOT NULL;
 
 -- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
@@ -870,7 +873,7 @@ DECLARE
     v_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT name INTO v_name FROM fairqueue.channel
-    WHERE eligible AND name <> ALL (p_skip) ORDER BY vtime, name LIMIT 1;
+    WHERE eligible AND name <> ALL (p_skip) ORDER BY vtime, served_at, name LIMIT 1;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -916,6 +919,8 @@ DECLARE
     v_short    text[];
     v_skip     text[] := '{}';
     v_waited   boolean := false;
+    v_workers  integer;
+    v_spread   integer;
     v_head     record;
     v_i        integer;
 BEGIN
@@ -936,20 +941,28 @@ BEGIN
         PERFORM fairqueue._intake(v_now);
     END IF;
 
+    -- How many channels this claim takes at most: with fewer busy channels than slots across the
+    -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes
+    -- its share of them (several slots each), and concurrent claims work on different channels.
+    SELECT greatest(count(*), 1) INTO v_workers FROM fairqueue.worker WHERE lease_expires_at > v_now;
+
     LOOP
         v_round := v_round + 1;
+        SELECT least(v_left, greatest(1, ceil(count(*)::double precision / v_workers)::integer)) INTO v_spread
+        FROM (SELECT 1 FROM fairqueue.channel
+              WHERE eligible AND name <> ALL (v_skip) LIMIT v_left * v_workers) AS e;
         -- 1. The next channels in fair order, and how many of the batch's slots each one wins.
         --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
-            SELECT c.name, c.vtime, c.weight, c.max_concurrency, c.running, c.rate_per_second,
+            SELECT c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running, c.rate_per_second,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
                               c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
                    END AS tokens_now
             FROM fairqueue.channel c
             WHERE c.eligible AND c.name <> ALL (v_skip)
-            ORDER BY c.vtime, c.name
-            LIMIT v_left
+            ORDER BY c.vtime, c.served_at, c.name
+            LIMIT v_spread
             FOR NO KEY UPDATE SKIP LOCKED
         ),
         room AS (
@@ -964,7 +977,7 @@ BEGIN
         slots AS (
             -- each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
             -- possibly win, so this stays O(limit) rows
-            SELECT r.name, r.vtime + g.n::double precision / r.weight AS slot
+            SELECT r.name, r.served_at, r.vtime + g.n::double precision / r.weight AS slot
             FROM room r
             CROSS JOIN LATERAL generate_series(0, least(
                 r.room,
@@ -974,12 +987,15 @@ BEGIN
         ),
         alloc AS (
             SELECT s.name, count(*)::integer AS n
-            FROM (SELECT name FROM slots ORDER BY slot, name LIMIT v_left) AS s
+            FROM (SELECT name FROM slots ORDER BY slot, served_at, name LIMIT v_left) AS s
             GROUP BY s.name
         )
-        SELECT array_agg(r.name ORDER BY r.name), array_agg(coalesce(a.n, 0) ORDER BY r.name),
-               array_agg(r.vtime ORDER BY r.name), array_agg(r.weight ORDER BY r.name),
-               array_agg(r.tokens_now ORDER BY r.name), array_agg(r.rate_per_second ORDER BY r.name)
+        SELECT array_agg(r.name ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(coalesce(a.n, 0) ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.vtime ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name)
         INTO v_names, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
         FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
@@ -1012,6 +1028,7 @@ BEGIN
                       FOR UPDATE SKIP LOCKED) AS h
             ) AS p
             WHERE u.n > 0
+            ORDER BY u.i
         LOOP
             v_got[v_head.i] := coalesce(cardinality(v_head.ids), 0);
             FOR v_i IN 1 .. v_got[v_head.i] LOOP
@@ -1030,6 +1047,7 @@ BEGIN
                 WITH charged AS (
                     UPDATE fairqueue.channel c
                     SET vtime = c.vtime + u.got::double precision / c.weight,
+                        served_at = CASE WHEN u.got > 0 THEN v_now ELSE c.served_at END,
                         running = CASE WHEN c.max_concurrency IS NULL THEN c.running ELSE c.running + u.got END,
                         tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
                         tokens_at = CASE WHEN u.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,

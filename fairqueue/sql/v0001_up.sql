@@ -934,10 +934,12 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    -- Three index probes decide whether the intake statement has anything to do at all.
-    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)
-       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
-       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+    -- Three index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
+    IF (SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1) IS NOT NULL
+       OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
+       OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
+           ORDER BY throttled_until LIMIT 1) <= v_now THEN
         PERFORM fairqueue._intake(v_now);
     END IF;
 

@@ -12,13 +12,11 @@ finish them. Results go to benchmarks/results/*.json and a table is printed (mar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 import random
 import statistics
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,22 +24,11 @@ from typing import Any
 import psycopg
 
 import fairqueue
+from benchmarks._common import database
 from fairqueue import migrations
-from fairqueue.urls import resolve
 
 SCENARIOS = [(1_000, 10), (1_000, 10_000), (1_000_000, 10), (1_000_000, 10_000)]
 RESULTS = Path(__file__).parent / "results"
-
-
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[str]:
-    if url:
-        yield resolve(url)
-        return
-    from fairqueue.embedded import DURABLE_SETTINGS, LocalPostgres
-
-    with LocalPostgres(settings=DURABLE_SETTINGS) as server:
-        yield server.url
 
 
 def reset(conn: psycopg.Connection[Any]) -> None:

@@ -10,28 +10,15 @@ same database. This measures the queue operations alone; the worker runtime adds
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 
 import fairqueue
+from benchmarks._common import database
 from fairqueue import migrations
-from fairqueue.urls import resolve
-
-
-@contextlib.contextmanager
-def database(url: str | None) -> Iterator[str]:
-    if url:
-        yield resolve(url)
-        return
-    from fairqueue.embedded import DURABLE_SETTINGS, LocalPostgres
-
-    with LocalPostgres(settings=DURABLE_SETTINGS) as server:
-        yield server.url
 
 
 def _fairqueue_worker(url: str, batch: int, start: Any, done: Any) -> None:

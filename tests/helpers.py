@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -102,3 +103,18 @@ def wait_until_blocked_or_done(conn: psycopg.Connection[Any], thread: threading.
             return True
         time.sleep(0.005)
     raise AssertionError("neither finished nor blocked")
+
+
+def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
+    """Starts ``target`` in a thread; the list collects what it raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, errors

@@ -16,7 +16,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, wait_until_blocked_or_done
+from tests.helpers import assert_consistent, in_thread, wait_until_blocked_or_done
 
 
 def test_max_concurrency_is_exact_across_eight_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
@@ -228,27 +228,13 @@ def test_capping_a_busy_channel_counts_its_running_jobs(conn: psycopg.Connection
     assert_consistent(conn)
 
 
-def _in_thread(target: Any) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t, errors
-
-
 def test_cap_set_while_a_finish_is_in_flight(connect: Connections, conn: psycopg.Connection[Any], worker: int) -> None:
     """The finish has deleted its running row but not committed when the channel gains a cap."""
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 4)
     jobs = fairqueue.claim_batch(conn, worker, 2)
     finishing = connect(autocommit=False)
     fairqueue.complete(finishing, worker, jobs[0].id)
-    t, errors = _in_thread(lambda: fairqueue.configure_channel(connect(), "bob", max_concurrency=1))
+    t, errors = in_thread(lambda: fairqueue.configure_channel(connect(), "bob", max_concurrency=1))
     wait_until_blocked_or_done(conn, t)  # the recount waits for the finish
     finishing.commit()
     t.join()
@@ -263,7 +249,7 @@ def test_finish_while_a_cap_is_being_set(connect: Connections, conn: psycopg.Con
     jobs = fairqueue.claim_batch(conn, worker, 2)
     admin = connect(autocommit=False)
     fairqueue.configure_channel(admin, "bob", max_concurrency=1)  # counted 2 running, not committed
-    t, errors = _in_thread(lambda: fairqueue.complete(connect(), worker, jobs[0].id))
+    t, errors = in_thread(lambda: fairqueue.complete(connect(), worker, jobs[0].id))
     wait_until_blocked_or_done(conn, t)  # the finish waits for the recount's lock on its row
     admin.commit()
     t.join()

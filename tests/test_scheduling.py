@@ -11,7 +11,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, count, drain, wait_until_blocked_or_done
+from tests.helpers import assert_consistent, count, drain, in_thread, wait_until_blocked_or_done
 
 
 def _make_due(conn: psycopg.Connection[Any]) -> None:
@@ -133,16 +133,7 @@ def test_second_dependency_finishing_while_the_first_is_uncommitted(
 
     tx1 = connect(autocommit=False)
     fairqueue.complete(tx1, w1, p1)  # not committed yet
-    errors: list[BaseException] = []
-
-    def second() -> None:
-        try:
-            fairqueue.complete(connect(), w2, p2)
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=second)
-    t.start()
+    t, errors = in_thread(lambda: fairqueue.complete(connect(), w2, p2))
     wait_until_blocked_or_done(conn, t)  # with the fix it waits for tx1
     tx1.commit()
     t.join()
@@ -163,16 +154,7 @@ def test_dependency_finishing_while_its_dependant_is_being_placed(
 
     placing = connect(autocommit=False)
     assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake placed the child: blocked on parent
-    errors: list[BaseException] = []
-
-    def finish_parent() -> None:
-        try:
-            fairqueue.complete(connect(), w1, parent)
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=finish_parent)
-    t.start()
+    t, errors = in_thread(lambda: fairqueue.complete(connect(), w1, parent))
     wait_until_blocked_or_done(conn, t)
     placing.commit()
     t.join()
@@ -231,16 +213,7 @@ def test_fifo_holder_finishing_while_the_next_job_is_being_placed(
 
     placing = connect(autocommit=False)
     assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake queued the follower behind the holder
-    errors: list[BaseException] = []
-
-    def finish_holder() -> None:
-        try:
-            fairqueue.complete(connect(), w1, holder)
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=finish_holder)
-    t.start()
+    t, errors = in_thread(lambda: fairqueue.complete(connect(), w1, holder))
     wait_until_blocked_or_done(conn, t)
     placing.commit()
     t.join()

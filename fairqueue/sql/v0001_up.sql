@@ -440,25 +440,19 @@ END $$;
 -- Channel bookkeeping (worker side)
 ------------------------------------------------------------------------------------------------
 
--- Marks channels active (creating their rows if needed). A channel that was idle rejoins at the
--- current virtual time, so it neither starves others with old credit nor waits behind old debt.
-CREATE FUNCTION fairqueue._activate_channels(p_names text[])
+-- Worker-side code that makes jobs ready outside a claim (finish follow-ups, release, cancel)
+-- reports their channels the way producers do: with wakeup rows. The next claim's intake, which
+-- runs before it picks channels and never waits for a lock, activates them.
+CREATE FUNCTION fairqueue._wake_channels(p_names text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_vnow double precision;
 BEGIN
     IF p_names IS NULL OR cardinality(p_names) = 0 THEN
         RETURN;
     END IF;
-    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
-    -- Lock (not skip) the rows: a concurrent claimer may be marking one idle right now.
-    INSERT INTO fairqueue.channel AS c (name, active, vtime)
-    SELECT n, true, coalesce(v_vnow, 0)
-    FROM (SELECT DISTINCT n FROM unnest(p_names) AS n WHERE n IS NOT NULL) AS names
-    ORDER BY n
-    ON CONFLICT (name) DO UPDATE SET active = true, vtime = coalesce(v_vnow, c.vtime)
-    WHERE NOT c.active;
+    INSERT INTO fairqueue.channel_wakeup (channel)
+    SELECT DISTINCT n FROM unnest(p_names) AS n WHERE n IS NOT NULL;
+    PERFORM pg_notify('fairqueue', '');
 END $$;
 
 -- Gives back the concurrency slots of finished or released jobs (one array element per job).
@@ -567,7 +561,7 @@ BEGIN
             WHERE job_id = v_dep AND final ORDER BY finished_at DESC LIMIT 1;
             IF v_outcome IS DISTINCT FROM 'succeeded' THEN
                 DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
-                PERFORM fairqueue._activate_channels(fairqueue._finalize(
+                PERFORM fairqueue._wake_channels(fairqueue._finalize(
                     ARRAY[p_job_id], ARRAY[0], ARRAY['dependency_failed'], ARRAY[NULL::jsonb],
                     ARRAY[CASE WHEN v_outcome IS NULL THEN format('dependency %s does not exist', v_dep)
                                ELSE format('dependency %s ended with outcome %s', v_dep, v_outcome) END],
@@ -665,9 +659,88 @@ BEGIN
     END IF;
 END $$;
 
--- Ends jobs for good outside the claim/finish fast path (cancel, failed dependencies): writes their
--- final history rows, deletes them (freeing unique keys) and follows up as _after_final says,
--- failing dependants transitively. The jobs must already be out of every staging table.
+-- Writes the final history rows of jobs ending for good and deletes them (freeing unique keys).
+-- The jobs must already be out of every staging table. Returns, for _follow_up, which of them
+-- succeeded, which ended otherwise (and how), and which held a FIFO key.
+CREATE FUNCTION fairqueue._end_jobs(
+    p_job_ids     bigint[],
+    p_attempts    integer[],
+    p_outcomes    text[],
+    p_results     jsonb[],
+    p_errors      text[],
+    p_worker_ids  bigint[],
+    p_ready_ats   timestamptz[],
+    p_started_ats timestamptz[],
+    p_now         timestamptz,
+    OUT ok        bigint[],
+    OUT bad       bigint[],
+    OUT bad_outcomes text[],
+    OUT fifo_ids  bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH deleted AS (
+        DELETE FROM fairqueue.job j WHERE j.id = ANY (p_job_ids)
+        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at
+    ),
+    gone AS (
+        SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+        FROM deleted d
+        JOIN unnest(p_job_ids, p_attempts, p_outcomes, p_results, p_errors, p_worker_ids, p_ready_ats,
+                    p_started_ats)
+             AS f(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at) ON f.job_id = d.id
+    ),
+    hist AS (
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
+                                             worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
+                                             finished_at)
+        SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
+               created_at, ready_at, started_at, p_now
+        FROM gone
+        RETURNING job_id, outcome, fifo_key
+    )
+    SELECT array_agg(h.job_id) FILTER (WHERE h.outcome = 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.outcome) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.fifo_key IS NOT NULL)
+    INTO ok, bad, bad_outcomes, fifo_ids
+    FROM hist AS h;
+END $$;
+
+-- Everything that follows jobs ending for good (see _after_final), looping while dependants fail
+-- in turn (a loop, not recursion: a long chain must not exhaust the stack).
+-- Returns the channels that gained ready jobs.
+CREATE FUNCTION fairqueue._follow_up(p_ok bigint[], p_bad bigint[], p_bad_outcomes text[], p_fifo_ids bigint[],
+                                     p_now timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ok       bigint[] := p_ok;
+    v_bad      bigint[] := p_bad;
+    v_bad_out  text[] := p_bad_outcomes;
+    v_fifo     bigint[] := p_fifo_ids;
+    v_next     record;
+    v_ended    record;
+    v_n        integer;
+    v_activate text[] := '{}';
+BEGIN
+    LOOP
+        SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, p_now);
+        v_activate := v_activate || v_next.activate;
+        EXIT WHEN v_next.failed_ids IS NULL;
+        v_n := cardinality(v_next.failed_ids);
+        SELECT * INTO v_ended FROM fairqueue._end_jobs(
+            v_next.failed_ids, array_fill(0, ARRAY[v_n]), array_fill('dependency_failed'::text, ARRAY[v_n]),
+            array_fill(NULL::jsonb, ARRAY[v_n]), v_next.failed_errors, array_fill(NULL::bigint, ARRAY[v_n]),
+            array_fill(NULL::timestamptz, ARRAY[v_n]), array_fill(NULL::timestamptz, ARRAY[v_n]), p_now);
+        v_ok := v_ended.ok;
+        v_bad := v_ended.bad;
+        v_bad_out := v_ended.bad_outcomes;
+        v_fifo := v_ended.fifo_ids;
+    END LOOP;
+    RETURN v_activate;
+END $$;
+
+-- Ends jobs for good outside the finish fast path (cancel, failed dependency at placement).
 -- Returns the channels that gained ready jobs.
 CREATE FUNCTION fairqueue._finalize(
     p_job_ids     bigint[],
@@ -682,64 +755,11 @@ CREATE FUNCTION fairqueue._finalize(
 RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_ids       bigint[] := p_job_ids;
-    v_attempts  integer[] := p_attempts;
-    v_outcomes  text[] := p_outcomes;
-    v_results   jsonb[] := p_results;
-    v_errors    text[] := p_errors;
-    v_workers   bigint[] := p_worker_ids;
-    v_readys    timestamptz[] := p_ready_ats;
-    v_starts    timestamptz[] := p_started_ats;
-    v_ok        bigint[];
-    v_bad       bigint[];
-    v_bad_out   text[];
-    v_fifo      bigint[];
-    v_next      record;
-    v_activate  text[] := '{}';
-    v_n         integer;
+    v_ended record;
 BEGIN
-    WHILE v_ids IS NOT NULL AND cardinality(v_ids) > 0 LOOP
-        WITH deleted AS (
-            DELETE FROM fairqueue.job j WHERE j.id = ANY (v_ids)
-            RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at
-        ),
-        gone AS (
-            SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
-            FROM deleted d
-            JOIN unnest(v_ids, v_attempts, v_outcomes, v_results, v_errors, v_workers, v_readys, v_starts)
-                 AS f(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at) ON f.job_id = d.id
-        ),
-        hist AS (
-            INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
-                                                 worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                                 finished_at)
-            SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
-                   created_at, ready_at, started_at, p_now
-            FROM gone
-            RETURNING job_id, outcome, fifo_key
-        )
-        SELECT array_agg(job_id) FILTER (WHERE outcome = 'succeeded'),
-               array_agg(job_id) FILTER (WHERE outcome <> 'succeeded'),
-               array_agg(outcome) FILTER (WHERE outcome <> 'succeeded'),
-               array_agg(job_id) FILTER (WHERE fifo_key IS NOT NULL)
-        INTO v_ok, v_bad, v_bad_out, v_fifo
-        FROM hist;
-
-        SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, p_now);
-        v_activate := v_activate || v_next.activate;
-        v_ids := v_next.failed_ids;
-        IF v_ids IS NOT NULL THEN
-            v_n := cardinality(v_ids);
-            v_errors := v_next.failed_errors;
-            v_attempts := array_fill(0, ARRAY[v_n]);
-            v_outcomes := array_fill('dependency_failed'::text, ARRAY[v_n]);
-            v_results := array_fill(NULL::jsonb, ARRAY[v_n]);
-            v_workers := array_fill(NULL::bigint, ARRAY[v_n]);
-            v_readys := array_fill(NULL::timestamptz, ARRAY[v_n]);
-            v_starts := array_fill(NULL::timestamptz, ARRAY[v_n]);
-        END IF;
-    END LOOP;
-    RETURN v_activate;
+    SELECT * INTO v_ended FROM fairqueue._end_jobs(p_job_ids, p_attempts, p_outcomes, p_results, p_errors,
+                                                   p_worker_ids, p_ready_ats, p_started_ats, p_now);
+    RETURN fairqueue._follow_up(v_ended.ok, v_ended.bad, v_ended.bad_outcomes, v_ended.fifo_ids, p_now);
 END $$;
 
 -- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles.
@@ -1112,8 +1132,6 @@ DECLARE
     v_rows_out  text[];
     v_rows_fin  boolean[];
     v_rows_at   timestamptz[];
-    v_next      record;
-    v_activate  text[];
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -1184,20 +1202,7 @@ BEGIN
     END IF;
     PERFORM fairqueue._release_slots(v_released);
     IF v_ok IS NOT NULL OR v_bad IS NOT NULL THEN
-        SELECT * INTO v_next FROM fairqueue._after_final(v_ok, v_bad, v_bad_out, v_fifo, v_now);
-        v_activate := v_next.activate;
-        IF v_next.failed_ids IS NOT NULL THEN
-            v_activate := v_activate || fairqueue._finalize(
-                v_next.failed_ids, array_fill(0, ARRAY[cardinality(v_next.failed_ids)]),
-                array_fill('dependency_failed'::text, ARRAY[cardinality(v_next.failed_ids)]),
-                array_fill(NULL::jsonb, ARRAY[cardinality(v_next.failed_ids)]), v_next.failed_errors,
-                array_fill(NULL::bigint, ARRAY[cardinality(v_next.failed_ids)]),
-                array_fill(NULL::timestamptz, ARRAY[cardinality(v_next.failed_ids)]),
-                array_fill(NULL::timestamptz, ARRAY[cardinality(v_next.failed_ids)]), v_now);
-        END IF;
-        IF cardinality(v_activate) > 0 THEN
-            PERFORM fairqueue._activate_channels(v_activate);
-        END IF;
+        PERFORM fairqueue._wake_channels(fairqueue._follow_up(v_ok, v_bad, v_bad_out, v_fifo, v_now));
     END IF;
 
     RETURN QUERY SELECT * FROM unnest(v_rows_ids, v_rows_out, v_rows_fin, v_rows_at);
@@ -1221,8 +1226,7 @@ BEGIN
         RETURN 0;
     END IF;
     PERFORM fairqueue._release_slots(v_channels);
-    PERFORM fairqueue._activate_channels(v_channels);
-    PERFORM pg_notify('fairqueue', '');
+    PERFORM fairqueue._wake_channels(v_channels);
     RETURN cardinality(v_channels);
 END $$;
 
@@ -1326,7 +1330,7 @@ BEGIN
             END IF;
         END IF;
         IF v_attempt IS NOT NULL THEN
-            PERFORM fairqueue._activate_channels(fairqueue._finalize(
+            PERFORM fairqueue._wake_channels(fairqueue._finalize(
                 ARRAY[p_job_id], ARRAY[v_attempt], ARRAY['cancelled'], ARRAY[NULL::jsonb], ARRAY['cancelled'],
                 ARRAY[NULL::bigint], ARRAY[v_ready], ARRAY[NULL::timestamptz], v_now));
             RETURN 'cancelled';

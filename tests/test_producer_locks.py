@@ -185,3 +185,31 @@ def test_ready_job_locked_elsewhere_during_a_claim_is_not_stranded(
     other.rollback()
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
     assert_consistent(conn)
+
+
+@pytest.mark.parametrize(("isolation", "wakeups"), [("read committed", 0), ("repeatable read", 2)])
+def test_many_enqueues_across_a_few_channels_write_no_wakeup_per_job(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str, wakeups: int
+) -> None:
+    """A transaction alternating between busy channels, past the 64-lock budget, still needs at most
+    one wakeup row per channel (none at all under READ COMMITTED: they are busy)."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("a", "b") for _ in range(2)])
+    fairqueue.claim_batch(conn, worker, 2)  # a and b active, one job left each
+    producer = _open_producer(connect, isolation)
+    for i in range(200):
+        fairqueue.enqueue(producer, "k", channel="ab"[i % 2])
+    producer.commit()
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (wakeups,)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_enqueue_again_after_a_rolled_back_savepoint_still_wakes_the_channel(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, isolation: str
+) -> None:
+    """The transaction's memory of covered channels is undone with the savepoint's wakeup row."""
+    producer = _open_producer(connect, isolation)
+    with producer.transaction(force_rollback=True):
+        fairqueue.enqueue(producer, "dropped", channel="bob")
+    kept = fairqueue.enqueue(producer, "kept", channel="bob")
+    producer.commit()
+    assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [kept]

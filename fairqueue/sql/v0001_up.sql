@@ -228,14 +228,20 @@ SELECT fairqueue.ensure_completed_partitions(4, ((now() AT TIME ZONE 'UTC')::dat
 -- transaction ends (it needs the exclusive lock), so nothing else is written. Otherwise, and under
 -- REPEATABLE READ or SERIALIZABLE (whose snapshot may predate the channel going idle), it leaves a
 -- wakeup row that becomes visible exactly when the job does.
+--
+-- Either way the channel is then covered until the transaction ends, so the transaction remembers
+-- it (md5 of the name in a transaction-local setting, which a rolled-back savepoint also undoes)
+-- and later enqueues into it do nothing more: one wakeup per channel per transaction at most.
 CREATE FUNCTION fairqueue._wake_channel(p_channel text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_key   text := md5(p_channel);
+    v_done  text := coalesce(current_setting('fairqueue.covered_channels', true), '');
     v_locks integer;
 BEGIN
-    IF current_setting('fairqueue.woken_channel', true) = p_channel THEN
-        RETURN;  -- this transaction already left a wakeup for this channel
+    IF strpos(v_done, v_key) > 0 THEN
+        RETURN;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
         -- bound the advisory locks one transaction can hold (shared lock table)
@@ -244,13 +250,16 @@ BEGIN
             PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
             PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
             IF EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = p_channel AND active) THEN
+                PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
                 RETURN;
             END IF;
         END IF;
     END IF;
     INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
     PERFORM pg_notify('fairqueue', '');
-    PERFORM set_config('fairqueue.woken_channel', p_channel, true);
+    IF length(v_done) < 256 * 33 THEN  -- remember up to 256 channels
+        PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+    END IF;
 END $$;
 
 CREATE FUNCTION fairqueue.enqueue(

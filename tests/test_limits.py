@@ -119,6 +119,25 @@ def test_claim_does_not_wait_for_a_claimer_holding_its_transaction(
     slow.commit()
 
 
+def test_claim_waits_briefly_rather_than_come_back_empty_while_work_exists(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Work-conserving: with one busy channel held by another claimer for the length of its claim,
+    the second claimer waits for it instead of returning nothing."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 20)
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, w1, 1)  # bob is active
+    first = connect(autocommit=False)
+    fairqueue.claim_batch(first, w1, 5)  # holds bob's row until it commits
+    got: list[fairqueue.ClaimedJob] = []
+    t, errors = in_thread(lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
+    assert wait_until_blocked_or_done(conn, t), "the second claim should wait for bob"
+    first.commit()
+    t.join()
+    assert not errors, errors
+    assert len(got) == 5
+
+
 def test_rate_limit_holds_across_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
     fairqueue.configure_channel(conn, "limited", rate_limit="20/s")
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "limited"}] * 500)

@@ -58,6 +58,14 @@ class _DjangoExecutor:
             return [tuple(r) for r in cur.fetchall()] if cur.description else []
 
 
+def psycopg_error(exc: BaseException) -> psycopg.Error | None:
+    """The psycopg error behind ``exc`` (SQLAlchemy and Django wrap driver errors)."""
+    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
+        if isinstance(candidate, psycopg.Error):
+            return candidate
+    return None
+
+
 def _plain(params: Params) -> tuple[Any, ...] | dict[str, Any]:
     return dict(params) if isinstance(params, Mapping) else tuple(params)
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import psycopg
 
 from fairqueue import __version__
+from fairqueue._db import psycopg_error
 from fairqueue.errors import FairqueueError
 from fairqueue.urls import ENV_VAR, redact
 
@@ -105,9 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fairqueue: error: {_one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
-        from fairqueue.consumer import _driver_error
-
-        driver = _driver_error(exc)
+        driver = psycopg_error(exc)
         if isinstance(driver, psycopg.OperationalError):
             url = getattr(args, "database_url", None)
             where = f" {redact(url)}" if url else ""

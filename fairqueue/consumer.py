@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import psycopg
-
 from fairqueue import statements as sql
-from fairqueue._db import executor_for
+from fairqueue._db import executor_for, psycopg_error
 from fairqueue.config import settings
 from fairqueue.errors import InvalidJobError, UnknownWorkerError
 from fairqueue.validation import check_result
@@ -62,14 +60,6 @@ class Finished:
     retry_at: datetime | None
 
 
-def _driver_error(exc: BaseException) -> psycopg.Error | None:
-    """The psycopg error behind ``exc`` (SQLAlchemy and Django wrap driver errors)."""
-    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__):
-        if isinstance(candidate, psycopg.Error):
-            return candidate
-    return None
-
-
 def register_worker(
     db: object, name: str | None = None, *, lease_seconds: float = 30.0, info: dict[str, Any] | None = None
 ) -> int:
@@ -106,7 +96,7 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
     try:
         rows = executor_for(db).rows(sql.CLAIM, (worker_id, limit))
     except Exception as exc:
-        driver_error = _driver_error(exc)
+        driver_error = psycopg_error(exc)
         if driver_error is not None and driver_error.sqlstate == "FQ001":
             raise UnknownWorkerError(str(driver_error.diag.message_primary)) from None
         raise

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from fairqueue import statements as sql
-from fairqueue._db import executor_for
+from fairqueue._db import Executor, executor_for
 from fairqueue.config import settings
 from fairqueue.errors import DuplicateJobError, InvalidChannelConfigError, InvalidJobError
 from fairqueue.validation import (
@@ -81,10 +81,10 @@ def _check(
     )
 
 
-def _check_dependencies_exist(db: object, ids: set[int]) -> None:
+def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
     if not ids:
         return
-    found = {row[0] for row in executor_for(db).rows(sql.EXISTING_JOB_IDS, {"ids": sorted(ids)})}
+    found = {row[0] for row in ex.rows(sql.EXISTING_JOB_IDS, {"ids": sorted(ids)})}
     missing = sorted(ids - found)
     if missing:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
@@ -125,7 +125,7 @@ def enqueue(
     job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after)
     ex = executor_for(db)
     if job.after:
-        _check_dependencies_exist(db, set(job.after))
+        _check_dependencies_exist(ex, set(job.after))
     [(job_id, created)] = ex.rows(
         sql.ENQUEUE,
         (
@@ -182,13 +182,13 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
             raise InvalidJobError(f"job #{i}: {exc}") from None
     if not checked:
         return []
-    dependencies = {d for job in checked for d in (job.after or ())}
-    _check_dependencies_exist(db, dependencies)
+    ex = executor_for(db)
+    _check_dependencies_exist(ex, {d for job in checked for d in (job.after or ())})
 
     def column(values: list[Any]) -> list[Any] | None:
         return None if all(v is None for v in values) else values
 
-    rows = executor_for(db).rows(
+    rows = ex.rows(
         sql.ENQUEUE_MANY,
         (
             [j.kind for j in checked],

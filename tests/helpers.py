@@ -105,6 +105,20 @@ def wait_until_blocked_or_done(conn: psycopg.Connection[Any], thread: threading.
     raise AssertionError("neither finished nor blocked")
 
 
+def race_against_open_transaction(
+    conn: psycopg.Connection[Any], held: psycopg.Connection[Any], target: Callable[[], object]
+) -> bool:
+    """Runs ``target`` in a thread while ``held`` keeps its transaction open, commits ``held`` once
+    ``target`` has either finished or queued up behind a lock, and waits for ``target``.
+    Returns whether ``target`` had to wait; re-raises what it raised."""
+    t, errors = in_thread(target)
+    blocked = wait_until_blocked_or_done(conn, t)
+    held.commit()
+    t.join()
+    assert not errors, errors
+    return blocked
+
+
 def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
     """Starts ``target`` in a thread; the list collects what it raised."""
     errors: list[BaseException] = []

@@ -16,7 +16,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, in_thread, wait_until_blocked_or_done
+from tests.helpers import assert_consistent, race_against_open_transaction
 
 
 def test_max_concurrency_is_exact_across_eight_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:
@@ -130,11 +130,8 @@ def test_claim_waits_briefly_rather_than_come_back_empty_while_work_exists(
     first = connect(autocommit=False)
     fairqueue.claim_batch(first, w1, 5)  # holds bob's row until it commits
     got: list[fairqueue.ClaimedJob] = []
-    t, errors = in_thread(lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
-    assert wait_until_blocked_or_done(conn, t), "the second claim should wait for bob"
-    first.commit()
-    t.join()
-    assert not errors, errors
+    waited = race_against_open_transaction(conn, first, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
+    assert waited, "the second claim should wait for bob"
     assert len(got) == 5
 
 
@@ -253,11 +250,9 @@ def test_cap_set_while_a_finish_is_in_flight(connect: Connections, conn: psycopg
     jobs = fairqueue.claim_batch(conn, worker, 2)
     finishing = connect(autocommit=False)
     fairqueue.complete(finishing, worker, jobs[0].id)
-    t, errors = in_thread(lambda: fairqueue.configure_channel(connect(), "bob", max_concurrency=1))
-    wait_until_blocked_or_done(conn, t)  # the recount waits for the finish
-    finishing.commit()
-    t.join()
-    assert not errors, errors
+    race_against_open_transaction(
+        conn, finishing, lambda: fairqueue.configure_channel(connect(), "bob", max_concurrency=1)
+    )
     assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (1,)
     assert_consistent(conn)
 
@@ -268,11 +263,7 @@ def test_finish_while_a_cap_is_being_set(connect: Connections, conn: psycopg.Con
     jobs = fairqueue.claim_batch(conn, worker, 2)
     admin = connect(autocommit=False)
     fairqueue.configure_channel(admin, "bob", max_concurrency=1)  # counted 2 running, not committed
-    t, errors = in_thread(lambda: fairqueue.complete(connect(), worker, jobs[0].id))
-    wait_until_blocked_or_done(conn, t)  # the finish waits for the recount's lock on its row
-    admin.commit()
-    t.join()
-    assert not errors, errors
+    race_against_open_transaction(conn, admin, lambda: fairqueue.complete(connect(), worker, jobs[0].id))
     assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (1,)
     assert_consistent(conn)
 

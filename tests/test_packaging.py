@@ -30,6 +30,14 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.fixture
+def site(wheel: Path, tmp_path: Path) -> Path:
+    """The wheel unpacked, as pip would install it (and nothing from the source tree)."""
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    return target
+
+
 def test_wheel_ships_the_migrations_and_sql(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fairqueue/_alembic/env.py" in names
@@ -39,9 +47,7 @@ def test_wheel_ships_the_migrations_and_sql(wheel: Path) -> None:
     assert "fairqueue_django/__init__.py" in names
 
 
-def test_installed_wheel_migrates_a_database(wheel: Path, tmp_path: Path, empty_database_url: str) -> None:
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)
+def test_installed_wheel_migrates_a_database(site: Path, tmp_path: Path, empty_database_url: str) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import fairqueue, fairqueue.migrations as m; "
         "assert fairqueue.__file__.startswith(sys.argv[1]), fairqueue.__file__; "
@@ -93,11 +99,9 @@ def downgrade():
 
 
 def test_fairqueue_revisions_in_a_projects_own_alembic_environment(
-    wheel: Path, tmp_path: Path, empty_database_url: str
+    site: Path, tmp_path: Path, empty_database_url: str
 ) -> None:
     """docs/migrations.md: a project lists fairqueue's versions in its own version_locations."""
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)
     project = tmp_path / "project"
     (project / "migrations" / "versions").mkdir(parents=True)
     (project / "alembic.ini").write_text(

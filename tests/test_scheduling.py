@@ -11,7 +11,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, count, drain, in_thread, wait_until_blocked_or_done
+from tests.helpers import assert_consistent, count, drain, race_against_open_transaction
 
 
 def _make_due(conn: psycopg.Connection[Any]) -> None:
@@ -133,11 +133,7 @@ def test_second_dependency_finishing_while_the_first_is_uncommitted(
 
     tx1 = connect(autocommit=False)
     fairqueue.complete(tx1, w1, p1)  # not committed yet
-    t, errors = in_thread(lambda: fairqueue.complete(connect(), w2, p2))
-    wait_until_blocked_or_done(conn, t)  # with the fix it waits for tx1
-    tx1.commit()
-    t.join()
-    assert not errors, errors
+    race_against_open_transaction(conn, tx1, lambda: fairqueue.complete(connect(), w2, p2))
     assert [j.id for j in fairqueue.claim_batch(conn, w1, 10)] == [child]
     assert_consistent(conn)
 
@@ -154,11 +150,7 @@ def test_dependency_finishing_while_its_dependant_is_being_placed(
 
     placing = connect(autocommit=False)
     assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake placed the child: blocked on parent
-    t, errors = in_thread(lambda: fairqueue.complete(connect(), w1, parent))
-    wait_until_blocked_or_done(conn, t)
-    placing.commit()
-    t.join()
-    assert not errors, errors
+    race_against_open_transaction(conn, placing, lambda: fairqueue.complete(connect(), w1, parent))
     assert [j.id for j in fairqueue.claim_batch(conn, w2, 10)] == [child]
     assert_consistent(conn)
 
@@ -213,11 +205,7 @@ def test_fifo_holder_finishing_while_the_next_job_is_being_placed(
 
     placing = connect(autocommit=False)
     assert fairqueue.claim_batch(placing, w2, 10) == []  # its intake queued the follower behind the holder
-    t, errors = in_thread(lambda: fairqueue.complete(connect(), w1, holder))
-    wait_until_blocked_or_done(conn, t)
-    placing.commit()
-    t.join()
-    assert not errors, errors
+    race_against_open_transaction(conn, placing, lambda: fairqueue.complete(connect(), w1, holder))
     assert [j.id for j in fairqueue.claim_batch(conn, w2, 10)] == [follower]
     assert_consistent(conn)
 

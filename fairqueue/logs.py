@@ -1,0 +1,134 @@
+"""Structured logging for fairqueue processes: one-line text or JSON records on the "fairqueue" logger.
+
+Fields passed with ``extra=`` (``log.info("job failed", extra={"job_id": 5})``) become ``key=value`` pairs in
+text output and top-level keys in JSON output. :func:`configure_logging` touches only the "fairqueue" logger,
+never the root logger, so an application embedding fairqueue keeps its own logging setup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import IO, Any, Final
+
+from fairqueue.errors import ConfigurationError
+
+__all__ = ["FORMATS", "JsonFormatter", "TextFormatter", "configure_logging"]
+
+FORMATS: Final = ("text", "json")
+LOGGER_NAME: Final = "fairqueue"
+
+# attributes every LogRecord has; anything else on a record came from extra=
+_STANDARD_ATTRS: Final = frozenset(
+    {*logging.LogRecord("", 0, "", 0, "", (), None).__dict__, "message", "asctime", "taskName"}
+)
+_JSON_KEYS: Final = ("ts", "level", "logger", "message", "exc", "stack")
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    """ISO-8601 UTC with milliseconds, e.g. 2026-11-22T03:04:05.123Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+def _extras(record: logging.LogRecord) -> Iterator[tuple[str, Any]]:
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD_ATTRS and not key.startswith("_"):
+            yield key, value
+
+
+def _exception_text(formatter: logging.Formatter, record: logging.LogRecord) -> str | None:
+    # cached on the record like logging.Formatter does, so several handlers format a traceback once
+    if record.exc_info and not record.exc_text:
+        record.exc_text = formatter.formatException(record.exc_info)
+    return record.exc_text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, the extra fields, and exc/stack when present."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in _extras(record):
+            # an extra field never overwrites one of the fixed keys
+            doc[f"{key}_" if key in _JSON_KEYS else key] = value
+        exc = _exception_text(self, record)
+        if exc:
+            doc["exc"] = exc
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        try:
+            return json.dumps(doc, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            # e.g. non-string dict keys or circular references deep inside a value: fall back to str() per field
+            return json.dumps({k: v if isinstance(v, str) else str(v) for k, v in doc.items()}, ensure_ascii=False)
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    if text == "" or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """``<ts> <LEVEL> <logger> <message> key=value ...``, with any traceback on the following lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        parts = [_timestamp(record), record.levelname, record.name, record.getMessage()]
+        parts.extend(f"{key}={_text_value(value)}" for key, value in _extras(record))
+        text = " ".join(parts)
+        exc = _exception_text(self, record)
+        if exc:
+            text += "\n" + exc
+        if record.stack_info:
+            text += "\n" + self.formatStack(record.stack_info)
+        return text
+
+
+class _FairqueueHandler(logging.StreamHandler[IO[str]]):
+    """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
+
+
+def _parse_level(level: str | int) -> int:
+    if isinstance(level, bool):
+        raise ConfigurationError(f"invalid log level {level!r}")
+    if isinstance(level, int):
+        if level < 0:
+            raise ConfigurationError(f"invalid log level {level}: must be >= 0")
+        return level
+    if level.strip().isdigit():
+        return int(level.strip())
+    value = logging.getLevelNamesMapping().get(level.strip().upper())
+    if value is None:
+        raise ConfigurationError(
+            f"invalid log level {level!r}; expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL (or a number)"
+        )
+    return value
+
+
+def configure_logging(fmt: str = "text", level: str | int = "INFO", stream: IO[str] | None = None) -> None:
+    """Send "fairqueue" log records to ``stream`` (default stderr) as ``fmt`` ("text" or "json") from ``level`` up.
+
+    Calling it again replaces the previous configuration rather than adding a second handler.
+    """
+    if fmt not in FORMATS:
+        raise ConfigurationError(f"invalid log format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    numeric_level = _parse_level(level)
+    handler = _FairqueueHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    logger = logging.getLogger(LOGGER_NAME)
+    for old in [h for h in logger.handlers if isinstance(h, _FairqueueHandler)]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    logger.setLevel(numeric_level)
+    # records already written here must not be printed a second time by a root handler
+    logger.propagate = False

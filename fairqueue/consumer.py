@@ -20,7 +20,7 @@ from fairqueue import statements as sql
 from fairqueue._db import executor_for, psycopg_error
 from fairqueue.config import settings
 from fairqueue.errors import InvalidJobError, UnknownWorkerError
-from fairqueue.validation import check_result
+from fairqueue.validation import MAX_ATTEMPTS, check_result
 
 OutcomeName = Literal["succeeded", "failed", "timed_out", "lost", "cancelled"]
 OUTCOMES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "lost", "cancelled"})
@@ -172,6 +172,22 @@ def cancel(db: object, job_id: int) -> str:
     """Cancels a job: 'cancelled' (it will not run), 'cancel_requested' (running; its worker is told),
     'finished' (too late) or 'not_found'."""
     [(state,)] = executor_for(db).rows(sql.CANCEL, (job_id,))
+    return str(state)
+
+
+def retry(db: object, job_id: int, *, attempts: int = 1) -> str:
+    """Runs a job again by id (an operator's retry), in the transaction of ``db``. Returns:
+
+    'retried' (it had ended without succeeding: queued again under the same id with ``attempts``
+    more attempts), 'rescheduled' (it was waiting out a retry backoff: due now), 'queued' (it is
+    live already: nothing changed), 'succeeded' (not run again), 'duplicate' (a live job holds its
+    unique key), 'exhausted' (it used the most attempts a job can have) or 'not_found'.
+    """
+    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < 2**63:
+        raise InvalidJobError(f"job_id must be a positive whole number, got {job_id!r}")
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_ATTEMPTS:
+        raise InvalidJobError(f"attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {attempts!r}")
+    [(state,)] = executor_for(db).rows(sql.RETRY, (job_id, attempts))
     return str(state)
 
 

@@ -1,0 +1,325 @@
+"""What ``fairqueue status`` and ``fairqueue channels list`` show: collected in one snapshot, rendered as
+aligned plain-text tables (or dumped as JSON by the caller).
+
+:func:`collect_status` returns plain JSON-ready data (numbers, strings, ISO 8601 timestamps in UTC),
+so ``json.dumps(collect_status(...))`` is the machine-readable form of exactly what
+:func:`render_status` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from fairqueue import statements as sql
+from fairqueue._db import executor_for
+
+#: Longest error text shown per failure in the text view (the first line only).
+ERROR_WIDTH = 80
+
+_EMPTY = "-"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _maybe_int(text: str | None) -> int | str | None:
+    """Worker info is free-form JSON: a number when it looks like one, else the text as given."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _first_line(text: str | None) -> str | None:
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _channel_state(paused: bool, ready: int, running: int) -> str:
+    if paused:
+        return "paused"
+    return "active" if ready or running else "idle"
+
+
+def collect_channels(db: object) -> list[dict[str, Any]]:
+    """One row per channel that has a configuration or live jobs, largest backlog first."""
+    channels = []
+    for name, ready, scheduled, running, cap, rate, burst, weight, paused, oldest in executor_for(db).rows(
+        sql.STATUS_CHANNELS
+    ):
+        channels.append(
+            {
+                "name": name,
+                "ready": int(ready),
+                "scheduled": int(scheduled),
+                "running": int(running),
+                "max_concurrency": cap,
+                "rate_limit": rate,
+                "burst": float(burst),
+                "weight": int(weight),
+                "paused": bool(paused),
+                "state": _channel_state(bool(paused), int(ready), int(running)),
+                "oldest_ready_seconds": None if oldest is None else max(0.0, float(oldest)),
+            }
+        )
+    return channels
+
+
+def channel_totals(channels: Sequence[dict[str, Any]]) -> dict[str, int]:
+    return {key: sum(int(c[key]) for c in channels) for key in ("ready", "scheduled", "running")}
+
+
+def collect_status(db: object, since_hours: float, failures: int) -> dict[str, Any]:
+    """Everything ``fairqueue status`` shows, as JSON-ready data.
+
+    Run it in one REPEATABLE READ transaction (the CLI does) so all numbers come from one snapshot.
+    ``since_hours`` is the window for the history counts and the failure list; ``failures`` is how
+    many of the latest failed attempts to list (0 lists none).
+    """
+    ex = executor_for(db)
+    [(now, waiting)] = ex.rows(sql.STATUS_SNAPSHOT)
+    channels = collect_channels(ex)
+    totals = channel_totals(channels)
+
+    history = {"succeeded": 0, "failed": 0, "cancelled": 0, "failed_attempts_retried": 0}
+    for outcome, final, n in ex.rows(sql.STATUS_HISTORY, {"hours": since_hours}):
+        if not final:
+            history["failed_attempts_retried"] += int(n)
+        elif outcome in ("succeeded", "cancelled"):
+            history[outcome] += int(n)
+        else:  # failed, timed_out, lost, dependency_failed: the job ended without succeeding
+            history["failed"] += int(n)
+
+    workers = []
+    for wid, name, host, pid, concurrency, started, heartbeat_age, lease_left, running in ex.rows(sql.STATUS_WORKERS):
+        workers.append(
+            {
+                "id": int(wid),
+                "name": name,
+                "host": host,
+                "pid": _maybe_int(pid),
+                "concurrency": _maybe_int(concurrency),
+                "started_at": _iso(started),
+                "heartbeat_age_seconds": float(heartbeat_age),
+                "lease_left_seconds": float(lease_left),
+                "expired": float(lease_left) < 0,
+                "running": int(running),
+            }
+        )
+
+    maintenance: dict[str, Any] = {"held": False}
+    for pid, client_addr, application_name, backend_start in ex.rows(sql.STATUS_MAINTENANCE):
+        maintenance = {
+            "held": True,
+            "backend_pid": int(pid),
+            "client_addr": client_addr,
+            "application_name": application_name,
+            "backend_start": _iso(backend_start),
+        }
+
+    failed = []
+    if failures > 0:
+        for job_id, kind, channel, attempt, outcome, final, finished_at, error in ex.rows(
+            sql.STATUS_FAILURES, {"hours": since_hours, "limit": failures}
+        ):
+            failed.append(
+                {
+                    "job_id": int(job_id),
+                    "kind": kind,
+                    "channel": channel,
+                    "attempt": int(attempt),
+                    "outcome": outcome,
+                    "final": bool(final),
+                    "finished_at": _iso(finished_at),
+                    "error": _first_line(error),
+                }
+            )
+
+    return {
+        "generated_at": _iso(now),
+        "since_hours": since_hours,
+        "jobs": {
+            "ready": totals["ready"],
+            "scheduled": totals["scheduled"],
+            "waiting": int(waiting),
+            "running": totals["running"],
+        },
+        "history": history,
+        "channels": channels,
+        "channel_totals": totals,
+        "workers": workers,
+        "maintenance": maintenance,
+        "failures": failed,
+    }
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+
+def duration(seconds: float | None) -> str:
+    """A short human duration: 0.4s, 12s, 3m05s, 2h10m, 3d04h."""
+    if seconds is None or math.isnan(seconds):
+        return _EMPTY
+    sign = "-" if seconds < 0 else ""
+    s = abs(seconds)
+    if s < 10:
+        return f"{sign}{s:.1f}s"
+    whole = int(s)
+    if whole < 60:
+        return f"{sign}{whole}s"
+    if whole < 3600:
+        return f"{sign}{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{sign}{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{sign}{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _when(iso: str | None) -> str:
+    if iso is None:
+        return _EMPTY
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return _EMPTY
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = ()) -> list[str]:
+    """Aligned columns, two spaces apart; column indexes in ``right`` are right-aligned (numbers)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] | None = None) -> list[str]:
+    if not channels:
+        return ["(no channels)"]
+    headers = ["CHANNEL", "READY", "SCHEDULED", "RUNNING", "CAP", "RATE", "WEIGHT", "STATE", "OLDEST READY"]
+    rows = [
+        [
+            c["name"],
+            str(c["ready"]),
+            str(c["scheduled"]),
+            str(c["running"]),
+            _cell(c["max_concurrency"]),
+            _cell(c["rate_limit"]),
+            str(c["weight"]),
+            c["state"],
+            duration(c["oldest_ready_seconds"]),
+        ]
+        for c in channels
+    ]
+    totals = totals or channel_totals(channels)
+    rows.append(
+        [f"TOTAL ({len(channels)})", str(totals["ready"]), str(totals["scheduled"]), str(totals["running"])] + [""] * 5
+    )
+    lines = table(headers, rows, right=(1, 2, 3, 4, 6))
+    # a rule above the totals line
+    lines.insert(len(lines) - 1, "-" * max(len(line) for line in lines))
+    return lines
+
+
+def _lease(seconds: float) -> str:
+    return f"EXPIRED ({duration(seconds)})" if seconds < 0 else duration(seconds)
+
+
+def render_workers(workers: Sequence[dict[str, Any]], maintenance: dict[str, Any]) -> list[str]:
+    if workers:
+        headers = ["ID", "NAME", "HOST", "PID", "CONCURRENCY", "STARTED", "HEARTBEAT AGE", "LEASE LEFT", "RUNNING"]
+        rows = [
+            [
+                str(w["id"]),
+                w["name"],
+                _cell(w["host"]),
+                _cell(w["pid"]),
+                _cell(w["concurrency"]),
+                _when(w["started_at"]),
+                f"{w['heartbeat_age_seconds']:.1f}s",
+                _lease(w["lease_left_seconds"]),
+                str(w["running"]),
+            ]
+            for w in workers
+        ]
+        lines = table(headers, rows, right=(0, 3, 4, 6, 7, 8))
+    else:
+        lines = ["(no workers)"]
+    if maintenance.get("held"):
+        where = maintenance.get("client_addr") or "local socket"
+        lines.append(f"maintenance role: held (backend pid {maintenance['backend_pid']}, client addr {where})")
+    else:
+        lines.append("maintenance role: nobody")
+    return lines
+
+
+def render_failures(failures: Sequence[dict[str, Any]]) -> list[str]:
+    if not failures:
+        return ["(none)"]
+    headers = ["JOB", "KIND", "CHANNEL", "ATTEMPT", "OUTCOME", "FINISHED", "ERROR"]
+    rows = [
+        [
+            str(f["job_id"]),
+            f["kind"],
+            f["channel"],
+            str(f["attempt"]),
+            f["outcome"] if f["final"] else f"{f['outcome']} (will retry)",
+            _when(f["finished_at"]),
+            _truncate(f["error"] or "", ERROR_WIDTH),
+        ]
+        for f in failures
+    ]
+    return table(headers, rows, right=(0, 3))
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:g}h"
+
+
+def render_status(data: dict[str, Any]) -> str:
+    """The text view of :func:`collect_status`'s data."""
+    jobs, history = data["jobs"], data["history"]
+    window = _hours(float(data["since_hours"]))
+    retried = history["failed_attempts_retried"]
+    out = [
+        f"fairqueue status at {_when(data['generated_at'])}",
+        (
+            f"jobs: {jobs['ready']} ready, {jobs['scheduled']} scheduled, {jobs['waiting']} waiting, "
+            f"{jobs['running']} running; last {window}: {history['succeeded']} succeeded, "
+            f"{history['failed']} failed, {history['cancelled']} cancelled "
+            f"(and {retried} failed attempt{'' if retried == 1 else 's'} retried)"
+        ),
+        "",
+        "CHANNELS",
+        *render_channels(data["channels"], data["channel_totals"]),
+        "",
+        "WORKERS",
+        *render_workers(data["workers"], data["maintenance"]),
+        "",
+        f"RECENT FAILURES (last {window}, newest first)",
+        *render_failures(data["failures"]),
+    ]
+    return "\n".join(out)

@@ -1,0 +1,476 @@
+"""The admin commands of the ``fairqueue`` CLI (enqueue, status, retry, cancel, channels), run in-process
+against the real test database."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+import fairqueue.config
+from fairqueue.cli import main
+from tests.helpers import count
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(db_url: str, capsys: pytest.CaptureFixture[str]) -> Run:
+    """Runs ``fairqueue ARGS --database-url <test db>``; returns (exit status, stdout, stderr)."""
+
+    def run(*argv: str, url: str | None = db_url) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([*argv, *(["--database-url", url] if url is not None else [])])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("fairqueue: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _channel(conn: psycopg.Connection[Any], name: str) -> tuple[Any, ...] | None:
+    return conn.execute(
+        "SELECT max_concurrency, rate_limit, rate_burst, weight, paused FROM fairqueue.channel WHERE name = %s",
+        (name,),
+    ).fetchone()
+
+
+def _failed_job(conn: psycopg.Connection[Any], worker: int, error: str = "Boom: it broke") -> int:
+    job_id = fairqueue.enqueue(conn, "flaky", {"n": 1}, channel="acme", max_attempts=1)
+    [job] = fairqueue.claim_batch(conn, worker, 1)
+    assert job.id == job_id
+    done = fairqueue.fail(conn, worker, job_id, error)
+    assert done is not None and done.final
+    return job_id
+
+
+# -- enqueue ---------------------------------------------------------------------------------------
+
+
+def test_enqueue_prints_the_id_and_the_job_exists(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    code, out, err = cli(
+        "enqueue", "emails.send", "--args", '{"to": "a@example.com", "n": [1, 2]}', "--channel", "acme"
+    )
+    assert (code, err) == (0, "")
+    job_id = int(out)  # just the number
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None
+    assert (info.kind, info.channel, info.args, info.status) == (
+        "emails.send",
+        "acme",
+        {"to": "a@example.com", "n": [1, 2]},
+        "ready",
+    )
+
+
+def test_enqueue_options(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    code, out, _ = cli("enqueue", "first")
+    first = int(out)
+    code, out, err = cli(
+        "enqueue", "later", "--delay", "3600", "--max-attempts", "5", "--timeout", "2.5", "--after", str(first)
+    )
+    assert code == 0, err
+    later = fairqueue.get_job(conn, int(out))
+    assert later is not None and later.status == "scheduled"
+    row = conn.execute(
+        "SELECT max_attempts, timeout_seconds, depends_on FROM fairqueue.job WHERE id = %s", (later.id,)
+    ).fetchone()
+    assert row == (5, 2.5, [first])
+
+    code, out, err = cli("enqueue", "at", "--run-at", "2999-01-01T00:00:00Z")
+    assert code == 0, err
+    info = fairqueue.get_job(conn, int(out))
+    assert info is not None and info.status == "scheduled" and info.run_at is not None and info.run_at.year == 2999
+
+
+def test_enqueue_with_a_held_unique_key_prints_the_existing_id(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    _, out, _ = cli("enqueue", "report", "--unique-key", "daily")
+    code, again, err = cli("enqueue", "report", "--unique-key", "daily")
+    assert code == 0 and again == out
+    assert "already holds unique key 'daily'" in err
+    assert count(conn, "job") == 1
+
+
+def test_enqueue_reads_args_from_stdin(
+    cli: Run, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"from": "stdin"}\n'))
+    code, out, err = cli("enqueue", "k", "--args", "-")
+    assert code == 0, err
+    info = fairqueue.get_job(conn, int(out))
+    assert info is not None and info.args == {"from": "stdin"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('"text"', "must be a JSON object"),
+        ('{"x": NaN}', "is not valid JSON"),
+        ("", "is not valid JSON"),
+    ],
+)
+def test_enqueue_rejects_bad_args(cli: Run, conn: psycopg.Connection[Any], args: str, message: str) -> None:
+    code, out, err = cli("enqueue", "k", "--args", args)
+    assert (code, out) == (2, "")
+    assert message in _one_error_line(err)
+    assert count(conn, "job") == 0
+
+
+def test_enqueue_rejects_oversize_args(
+    cli: Run, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fairqueue.config.settings, "max_args_bytes", 20)
+    code, out, err = cli("enqueue", "k", "--args", json.dumps({"blob": "x" * 100}))
+    assert (code, out) == (2, "")
+    assert "above the limit of 20 bytes" in _one_error_line(err)
+    assert count(conn, "job") == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--run-at", "2030-01-01T00:00:00"],  # no timezone
+        ["--run-at", "tomorrow"],
+        ["--delay", "-5"],
+        ["--max-attempts", "0"],
+        ["--after", "999"],  # no such job
+        ["--channel", ""],
+    ],
+)
+def test_enqueue_rejects_bad_options_and_writes_nothing(
+    cli: Run, conn: psycopg.Connection[Any], argv: list[str]
+) -> None:
+    code, out, err = cli("enqueue", "k", *argv)
+    assert (code, out) == (2, "")
+    _one_error_line(err)
+    assert count(conn, "job") == 0
+
+
+def test_enqueue_rejects_a_non_integer_after(cli: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli("enqueue", "k", "--after", "abc")
+    assert exc.value.code == 2
+    assert "job id must be a positive whole number, got 'abc'" in capsys.readouterr().err
+
+
+# -- status ----------------------------------------------------------------------------------------
+
+
+def test_status_shows_channels_workers_and_failures(
+    cli: Run, conn: psycopg.Connection[Any], connect: Callable[[], psycopg.Connection[Any]]
+) -> None:
+    fairqueue.configure_channel(conn, "acme", max_concurrency=4, rate_limit="10/s", weight=2)
+    fairqueue.configure_channel(conn, "paused-co", paused=True)
+    worker = fairqueue.register_worker(
+        conn, "box-1", lease_seconds=300, info={"host": "box", "pid": 4242, "concurrency": 8}
+    )
+    gone = fairqueue.register_worker(conn, "box-2", lease_seconds=300, info={"host": "old"})
+    conn.execute("UPDATE fairqueue.worker SET lease_expires_at = now() - interval '5 seconds' WHERE id = %s", (gone,))
+    failed = _failed_job(conn, worker, "Boom: it broke\nTraceback (most recent call last): ...")
+    for _ in range(3):
+        fairqueue.enqueue(conn, "bulk", channel="bigco")
+    fairqueue.enqueue(conn, "one", channel="acme")
+    fairqueue.enqueue(conn, "two", channel="acme")
+    [running] = fairqueue.claim_batch(conn, worker, 1)
+    assert running.channel in ("acme", "bigco")
+    fairqueue.enqueue(conn, "later", channel="paused-co", delay=3600)
+
+    code, out, err = cli("status")
+    assert (code, err) == (0, "")
+    assert "jobs: 4 ready, 1 scheduled, 0 waiting, 1 running; last 24h: 0 succeeded, 1 failed" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("CHANNEL "))
+    channel_rows = [line.split()[0] for line in lines[header + 1 : header + 4]]
+    # biggest backlog first (bigco has 2 or 3 ready, acme 1 or 2), then by name
+    assert channel_rows[2] == "paused-co"
+    paused_row = lines[header + 3].split()
+    assert paused_row[:5] == ["paused-co", "0", "1", "0", "-"] and "paused" in paused_row
+    acme_row = next(line for line in lines if line.startswith("acme ")).split()
+    assert acme_row[4:7] == ["4", "10/s", "2"]
+    assert any(line.startswith("TOTAL (3)") and line.split()[2:5] == ["4", "1", "1"] for line in lines)
+    box1 = next(line for line in lines if " box-1 " in line)
+    assert " box " in box1 and " 4242 " in box1 and " 8 " in box1 and box1.split()[-1] == "1"
+    box2 = next(line for line in lines if " box-2 " in line)
+    assert "EXPIRED" in box2
+    assert "maintenance role: nobody" in out
+    failures = lines[lines.index("RECENT FAILURES (last 24h, newest first)") + 2 :]
+    [failure] = failures
+    assert failure.split()[:5] == [str(failed), "flaky", "acme", "1", "failed"]
+    assert "flaky" in failure and "acme" in failure and "failed" in failure and "Boom: it broke" in failure
+    assert "Traceback" not in out
+
+    # the maintenance lock, held by some session of this database
+    holder = connect()
+    [(got,)] = holder.execute("SELECT pg_try_advisory_lock(1718681602, 0)").fetchall()
+    assert got
+    code, out, _ = cli("status")
+    assert f"maintenance role: held (backend pid {holder.info.backend_pid}, client addr " in out
+
+    code, out, err = cli("status", "--json")
+    assert (code, err) == (0, "")
+    data = json.loads(out)
+    assert data["jobs"] == {"ready": 4, "scheduled": 1, "waiting": 0, "running": 1}
+    assert data["history"]["failed"] == 1
+    assert [c["name"] for c in data["channels"]][-1] == "paused-co"
+    acme = next(c for c in data["channels"] if c["name"] == "acme")
+    assert (acme["max_concurrency"], acme["rate_limit"], acme["weight"], acme["state"]) == (4, "10/s", 2, "active")
+    workers = {w["name"]: w for w in data["workers"]}
+    assert (workers["box-1"]["pid"], workers["box-1"]["running"], workers["box-1"]["expired"]) == (4242, 1, False)
+    assert workers["box-2"]["expired"] and workers["box-2"]["lease_left_seconds"] < 0
+    assert data["maintenance"]["held"] and data["maintenance"]["backend_pid"] == holder.info.backend_pid
+    [f] = data["failures"]
+    assert (f["job_id"], f["kind"], f["channel"], f["attempt"], f["outcome"], f["error"]) == (
+        failed,
+        "flaky",
+        "acme",
+        1,
+        "failed",
+        "Boom: it broke",
+    )
+
+
+def test_status_window_and_failure_count(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    first = _failed_job(conn, worker, "first")
+    second = _failed_job(conn, worker, "second")
+    conn.execute(
+        "UPDATE fairqueue.completed_job SET finished_at = now() - interval '3 hours' WHERE job_id = %s", (first,)
+    )
+    data = json.loads(cli("status", "--json", "--failures", "5")[1])
+    assert [f["job_id"] for f in data["failures"]] == [second, first]  # newest first
+    data = json.loads(cli("status", "--json", "--failures", "1")[1])
+    assert [f["job_id"] for f in data["failures"]] == [second]
+    data = json.loads(cli("status", "--json", "--since", "2")[1])
+    assert [f["job_id"] for f in data["failures"]] == [second]
+    assert data["history"]["failed"] == 1
+
+
+def test_status_of_an_empty_queue(cli: Run) -> None:
+    code, out, _ = cli("status")
+    assert code == 0
+    assert "(no channels)" in out and "(no workers)" in out and "(none)" in out
+
+
+def test_channels_list(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "quiet")
+    fairqueue.enqueue(conn, "k", channel="busy")
+    code, out, _ = cli("channels", "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["CHANNEL", "READY"]
+    assert lines[1].split()[:2] == ["busy", "1"] and lines[2].split()[0] == "quiet"
+    assert "WORKERS" not in out
+    assert [c["name"] for c in json.loads(cli("channels", "list", "--json")[1])] == ["busy", "quiet"]
+
+
+# -- retry -----------------------------------------------------------------------------------------
+
+
+def test_retry_of_a_failed_job_runs_it_again(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = _failed_job(conn, worker)
+    assert fairqueue.claim_batch(conn, worker, 1) == []
+    code, out, err = cli("retry", str(job_id))
+    assert (code, err) == (0, "")
+    assert out.strip() == f"job {job_id} queued again (1 more attempt)"
+    [job] = fairqueue.claim_batch(conn, worker, 1)
+    assert (job.id, job.attempt, job.args) == (job_id, 2, {"n": 1})
+
+
+def test_retry_with_more_attempts(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = _failed_job(conn, worker)
+    code, out, _ = cli("retry", str(job_id), "--attempts", "3")
+    assert code == 0 and out.strip() == f"job {job_id} queued again (3 more attempts)"
+    row = conn.execute("SELECT max_attempts FROM fairqueue.job WHERE id = %s", (job_id,)).fetchone()
+    assert row == (4,)
+
+
+def test_retry_refuses_a_succeeded_job(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = fairqueue.enqueue(conn, "ok")
+    fairqueue.claim_batch(conn, worker, 1)
+    assert fairqueue.complete(conn, worker, job_id)
+    code, out, err = cli("retry", str(job_id))
+    assert (code, out) == (1, "")
+    assert f"job {job_id} succeeded; it is not run again" in _one_error_line(err)
+    assert count(conn, "job") == 0
+
+
+def test_retry_of_live_and_unknown_jobs(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    job_id = fairqueue.enqueue(conn, "k")
+    code, out, _ = cli("retry", str(job_id))
+    assert code == 0 and "has not finished" in out
+    code, out, err = cli("retry", "987654")
+    assert (code, out) == (1, "")
+    assert "no job 987654" in _one_error_line(err)
+
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-3", "1.5", "99999999999999999999"])
+def test_job_id_arguments_must_be_positive_integers(cli: Run, capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    for command in ("retry", "cancel"):
+        with pytest.raises(SystemExit) as exc:
+            cli(command, bad)
+        assert exc.value.code == 2
+        assert "job id must be a positive whole number" in capsys.readouterr().err
+
+
+def test_retry_rejects_bad_attempts(cli: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli("retry", "1", "--attempts", "0")
+    assert exc.value.code == 2
+    assert "from 1 to 1000" in capsys.readouterr().err
+
+
+def test_retry_function_validates_its_input(conn: psycopg.Connection[Any]) -> None:
+    for job_id, attempts in [(0, 1), (-1, 1), (True, 1), (1, 0), (1, 1001), (1, 1.5)]:
+        with pytest.raises(fairqueue.InvalidJobError):
+            fairqueue.retry(conn, job_id, attempts=attempts)  # type: ignore[arg-type]
+    assert fairqueue.retry(conn, 12345) == "not_found"
+
+
+# -- cancel ----------------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = fairqueue.enqueue(conn, "k")
+    code, out, err = cli("cancel", str(job_id))
+    assert (code, err) == (0, "")
+    assert out.strip() == f"job {job_id} cancelled; it will not run"
+    assert fairqueue.claim_batch(conn, worker, 10) == []
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status == "cancelled"
+
+    code, out, err = cli("cancel", str(job_id))
+    assert (code, out) == (1, "")
+    assert f"job {job_id} had already finished (cancelled)" in _one_error_line(err)
+
+
+def test_cancel_a_running_job(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = fairqueue.enqueue(conn, "k")
+    fairqueue.claim_batch(conn, worker, 1)
+    code, out, _ = cli("cancel", str(job_id))
+    assert code == 0 and out.strip() == f"job {job_id} is running; its worker was asked to stop it"
+    row = conn.execute("SELECT cancel_requested FROM fairqueue.running_job WHERE job_id = %s", (job_id,)).fetchone()
+    assert row == (True,)
+
+
+def test_cancel_an_unknown_job(cli: Run) -> None:
+    code, out, err = cli("cancel", "424242")
+    assert (code, out) == (1, "")
+    assert "no job 424242" in _one_error_line(err)
+
+
+# -- channels set ----------------------------------------------------------------------------------
+
+
+def test_channels_set_changes_only_the_given_settings(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    code, out, err = cli("channels", "set", "acme", "--max-concurrency", "3")
+    assert (code, err) == (0, "")
+    assert out.strip() == "channel acme: max_concurrency=3 rate_limit=- burst=1 weight=1 not paused"
+    assert _channel(conn, "acme") == (3, None, 1.0, 1, False)
+
+    code, out, _ = cli("channels", "set", "acme", "--weight", "2")
+    assert code == 0 and "max_concurrency=3" in out and "weight=2" in out
+    assert _channel(conn, "acme") == (3, None, 1.0, 2, False)
+
+    cli("channels", "set", "acme", "--rate-limit", "10/s", "--burst", "5")
+    cli("channels", "set", "acme", "--pause")
+    assert _channel(conn, "acme") == (3, "10/s", 5.0, 2, True)
+    cli("channels", "set", "acme", "--resume", "--no-max-concurrency")
+    assert _channel(conn, "acme") == (None, "10/s", 5.0, 2, False)
+    code, out, _ = cli("channels", "set", "acme", "--no-rate-limit")
+    assert code == 0 and out.strip() == "channel acme: max_concurrency=- rate_limit=- burst=1 weight=2 not paused"
+    assert _channel(conn, "acme") == (None, None, 1.0, 2, False)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--rate-limit", "10/x"],
+        ["--weight", "0"],
+        ["--weight", "1001"],
+        ["--max-concurrency", "-1"],
+        ["--max-concurrency", "0"],
+        ["--burst", "0.5"],
+        ["--burst", "3"],  # a burst without a rate limit
+        [],  # nothing to change
+    ],
+)
+def test_channels_set_rejects_bad_values_and_changes_nothing(
+    cli: Run, conn: psycopg.Connection[Any], argv: list[str]
+) -> None:
+    fairqueue.configure_channel(conn, "acme", max_concurrency=2, weight=3)
+    code, out, err = cli("channels", "set", "acme", *argv)
+    assert (code, out) == (2, "")
+    _one_error_line(err)
+    assert _channel(conn, "acme") == (2, None, 1.0, 3, False)
+    code, _, _ = cli("channels", "set", "newco", *argv)
+    assert code == 2
+    assert _channel(conn, "newco") is None
+
+
+def test_channels_set_conflicting_options(cli: Run) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli("channels", "set", "acme", "--pause", "--resume")
+    assert exc.value.code == 2
+
+
+# -- database URLs and help ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://fq:s3cretpw@host:notaport/db", 2),  # malformed
+        ("mysql://fq:s3cretpw@host/db", 2),  # not PostgreSQL
+        ("postgresql://fq:s3cretpw@127.0.0.1:1/x", 1),  # nothing listens there
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [["status"], ["enqueue", "k"], ["retry", "1"], ["cancel", "1"], ["channels", "list"]]
+)
+def test_bad_database_urls_give_one_line(cli: Run, url: str, expected: int, command: list[str]) -> None:
+    code, out, err = cli(*command, url=url)
+    assert (code, out) == (expected, "")
+    _one_error_line(err)
+    assert "s3cretpw" not in err
+
+
+def test_database_url_from_the_environment(
+    cli: Run, db_url: str, monkeypatch: pytest.MonkeyPatch, conn: psycopg.Connection[Any]
+) -> None:
+    monkeypatch.setenv("FAIRQUEUE_DATABASE_URL", db_url)
+    code, out, _ = cli("enqueue", "k", url=None)
+    assert code == 0 and fairqueue.get_job(conn, int(out)) is not None
+    monkeypatch.delenv("FAIRQUEUE_DATABASE_URL")
+    code, out, err = cli("status", url=None)
+    assert (code, out) == (2, "")
+    assert "no database URL" in _one_error_line(err)
+
+
+def test_a_database_without_fairqueue(empty_database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["status", "--database-url", empty_database_url])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    assert "run: fairqueue migrate" in _one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "command", [["enqueue"], ["status"], ["retry"], ["cancel"], ["channels", "set"], ["channels", "list"]]
+)
+def test_every_admin_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    assert "--database-url" in capsys.readouterr().out

@@ -20,6 +20,7 @@ from fairqueue.consumer import (
     recover_expired_workers,
     register_worker,
     release,
+    retry,
 )
 from fairqueue.errors import (
     ConfigurationError,
@@ -32,10 +33,12 @@ from fairqueue.errors import (
 )
 from fairqueue.inspection import ChannelInfo, JobInfo, get_job, list_channels
 from fairqueue.producer import JobSpec, configure_channel, enqueue, enqueue_many
+from fairqueue.tasks import Backoff, JobCancelled, JobContext, JobTimeout, Task, registry, task
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Backoff",
     "ChannelInfo",
     "ClaimedJob",
     "ConfigurationError",
@@ -44,9 +47,13 @@ __all__ = [
     "Finished",
     "InvalidChannelConfigError",
     "InvalidJobError",
+    "JobCancelled",
+    "JobContext",
     "JobInfo",
     "JobSpec",
+    "JobTimeout",
     "Outcome",
+    "Task",
     "UnknownWorkerError",
     "UnsupportedConnectionError",
     "__version__",
@@ -65,6 +72,9 @@ __all__ = [
     "list_channels",
     "recover_expired_workers",
     "register_worker",
+    "registry",
     "release",
+    "retry",
     "settings",
+    "task",
 ]

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, NoReturn
 
 import psycopg
+import psycopg.conninfo
 
 from fairqueue import __version__
 from fairqueue._db import psycopg_error
-from fairqueue.errors import FairqueueError
+from fairqueue.errors import ConfigurationError, FairqueueError
 from fairqueue.urls import ENV_VAR, redact
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+# undefined_table, undefined_function, invalid_schema_name: fairqueue's schema is not (fully) there
+_NOT_INSTALLED = frozenset({"42P01", "42883", "3F000"})
 
 
 def _one_line(text: str) -> str:
@@ -47,6 +55,39 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from fairqueue.logs import configure_logging
+    from fairqueue.metrics import Metrics, MetricsServer
+    from fairqueue.urls import resolve
+    from fairqueue.worker import Worker, WorkerConfig, import_task_modules
+
+    configure_logging(args.log_format, args.log_level)
+    url = resolve(args.database_url)
+    if not args.imports:
+        raise ConfigurationError("give at least one --import MODULE (the modules that define your tasks)")
+    config = WorkerConfig(
+        database_url=url,
+        concurrency=args.concurrency,
+        batch=args.batch,
+        name=args.name,
+        lease=args.lease,
+        poll_interval=args.poll_interval,
+        grace=args.grace,
+        maintenance=not args.no_maintenance,
+    )
+    config.check()
+    import_task_modules(args.imports)
+    metrics = Metrics()
+    server = MetricsServer(metrics, args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
+    try:
+        worker = Worker(config, metrics=metrics)
+        worker.install_signal_handlers()
+        return worker.run()
+    finally:
+        if server is not None:
+            server.close()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fairqueue.demo import run_demo
 
@@ -57,6 +98,379 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         batch=args.batch,
         job_ms=args.job_ms,
     )
+
+
+# -- admin commands: enqueue, status, retry, cancel, channels --------------------------------------
+
+_WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+def _job_id(text: str) -> int:
+    """argparse type of job ids: a positive whole number that fits a bigint."""
+    if not _WHOLE_NUMBER.fullmatch(text.strip()) or not 1 <= int(text) < 2**63:
+        raise argparse.ArgumentTypeError(f"job id must be a positive whole number, got {text!r}")
+    return int(text)
+
+
+def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text) if re.fullmatch(r"-?[0-9]+", text.strip()) else None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"must be a whole number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number greater than zero, got {text!r}")
+    return value
+
+
+def _connect(args: argparse.Namespace) -> psycopg.Connection[Any]:
+    """A connection (not autocommit: ``with`` commits on success, rolls back on error) to the URL given
+    by --database-url or $FAIRQUEUE_DATABASE_URL; it gives up after 10 s unless the URL says otherwise."""
+    from fairqueue.urls import resolve
+
+    url = resolve(args.database_url)
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    for port in str(given.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"malformed database URL {redact(url)!r}: port {port!r} is not a port number")
+    extra: dict[str, Any] = {}
+    if "connect_timeout" not in given and "PGCONNECT_TIMEOUT" not in os.environ:
+        extra["connect_timeout"] = 10
+    if "application_name" not in given and "PGAPPNAME" not in os.environ:
+        extra["application_name"] = f"fairqueue {args.command}"
+    return psycopg.connect(url, **extra)
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_job_args(text: str | None) -> dict[str, Any]:
+    """--args: a JSON object (``-`` reads it from standard input), checked like enqueue checks it."""
+    from fairqueue.config import settings
+    from fairqueue.errors import InvalidJobError
+    from fairqueue.validation import encode_json
+
+    if text is None:
+        return {}
+    source = "--args"
+    if text == "-":
+        source = "--args (standard input)"
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise InvalidJobError(f"{source} is not valid text: {exc}") from None
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise InvalidJobError(f"{source} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidJobError(f'{source} must be a JSON object such as {{"user_id": 42}}, got {_json_type(value)}')
+    encode_json("args", value, limit=settings.max_args_bytes, require_object=True)  # size, NUL characters
+    return value
+
+
+def _parse_run_at(text: str) -> datetime:
+    from fairqueue.errors import InvalidJobError
+
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidJobError(
+            f"--run-at {text!r} is not an ISO 8601 date and time, e.g. 2030-01-31T09:00:00+01:00"
+        ) from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise InvalidJobError(f"--run-at {text!r} has no timezone: add one, e.g. +00:00 or Z")
+    return when
+
+
+def _cmd_enqueue(args: argparse.Namespace) -> int:
+    from fairqueue.errors import DuplicateJobError
+    from fairqueue.producer import enqueue
+
+    job_args = _parse_job_args(args.args)
+    run_at = None if args.run_at is None else _parse_run_at(args.run_at)
+    with _connect(args) as conn:
+        try:
+            job_id = enqueue(
+                conn,
+                args.kind,
+                job_args,
+                channel=args.channel,
+                run_at=run_at,
+                delay=args.delay,
+                max_attempts=args.max_attempts,
+                timeout=args.timeout,
+                unique_key=args.unique_key,
+                fifo_key=args.fifo_key,
+                after=args.after or None,
+                on_duplicate="raise",
+            )
+        except DuplicateJobError as exc:
+            conn.rollback()
+            print(f"fairqueue: note: {exc}; nothing enqueued, printing its id", file=sys.stderr)
+            job_id = exc.existing_job_id
+    print(job_id)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from fairqueue.status import collect_status, render_status
+
+    with _connect(args) as conn:
+        # one snapshot for every number, and nothing written
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        data = collect_status(conn, args.since, args.failures)
+    print(json.dumps(data, indent=2) if args.json else render_status(data))
+    return 0
+
+
+def _cmd_channels_list(args: argparse.Namespace) -> int:
+    from fairqueue.status import collect_channels, render_channels
+
+    with _connect(args) as conn:
+        conn.read_only = True
+        channels = collect_channels(conn)
+    print(json.dumps(channels, indent=2) if args.json else "\n".join(render_channels(channels)))
+    return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"fairqueue: error: {message}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    from fairqueue.consumer import retry
+
+    with _connect(args) as conn:
+        result = retry(conn, args.job_id, attempts=args.attempts)
+    job, n = args.job_id, args.attempts
+    if result == "retried":
+        print(f"job {job} queued again ({n} more attempt{'' if n == 1 else 's'})")
+    elif result == "rescheduled":
+        print(f"job {job} was waiting to retry after a failed attempt; it is due now")
+    elif result == "queued":
+        print(f"job {job} has not finished (it is queued, scheduled or running); nothing to retry")
+    elif result == "succeeded":
+        return _refuse(f"job {job} succeeded; it is not run again (enqueue a new job to repeat its work)")
+    elif result == "duplicate":
+        return _refuse(f"job {job} was not run again: an unfinished job holds its unique key")
+    elif result == "exhausted":
+        return _refuse(f"job {job} was not run again: it has used the most attempts a job can have")
+    elif result == "not_found":
+        return _refuse(f"no job {job} (never enqueued, or its history has been dropped)")
+    else:
+        return _refuse(f"job {job}: unexpected answer {result!r}")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from fairqueue.consumer import cancel
+    from fairqueue.inspection import get_job
+
+    job = args.job_id
+    with _connect(args) as conn:
+        result = cancel(conn, job)
+        info = get_job(conn, job) if result == "finished" else None
+    if result == "cancelled":
+        print(f"job {job} cancelled; it will not run")
+    elif result == "cancel_requested":
+        print(f"job {job} is running; its worker was asked to stop it")
+    elif result == "finished":
+        how = f" ({info.status})" if info is not None else ""
+        return _refuse(f"job {job} had already finished{how}; nothing to cancel")
+    elif result == "not_found":
+        return _refuse(f"no job {job}")
+    else:
+        return _refuse(f"job {job}: unexpected answer {result!r}")
+    return 0
+
+
+def _cmd_channels_set(args: argparse.Namespace) -> int:
+    from fairqueue import statements as sql
+    from fairqueue.errors import InvalidChannelConfigError
+    from fairqueue.producer import configure_channel
+    from fairqueue.validation import check_channel_settings, parse_rate_limit
+
+    changes = (args.max_concurrency, args.rate_limit, args.burst, args.weight, args.paused)
+    if all(c is None for c in changes) and not (args.no_max_concurrency or args.no_rate_limit):
+        raise InvalidChannelConfigError(
+            "nothing to change: give --max-concurrency, --no-max-concurrency, --rate-limit, --no-rate-limit, "
+            "--burst, --weight, --pause or --resume"
+        )
+    # check what was given before touching the database
+    if args.rate_limit is not None:
+        parse_rate_limit(args.rate_limit)
+    check_channel_settings(
+        args.name,
+        args.max_concurrency,
+        1 if args.weight is None else args.weight,
+        False,
+        1 if args.burst is None else args.burst,
+    )
+
+    with _connect(args) as conn:
+        conn.execute(sql.CHANNEL_EDIT_LOCK, (args.name,))
+        row = conn.execute(sql.CHANNEL_SETTINGS_FOR_UPDATE, (args.name,)).fetchone()
+        cap, rate, burst, weight, paused = row if row is not None else (None, None, 1.0, 1, False)
+        if args.no_max_concurrency:
+            cap = None
+        elif args.max_concurrency is not None:
+            cap = args.max_concurrency
+        if args.no_rate_limit:
+            rate, burst = None, 1.0
+        elif args.rate_limit is not None:
+            rate = args.rate_limit
+        if args.burst is not None:
+            burst = args.burst
+        if args.weight is not None:
+            weight = args.weight
+        if args.paused is not None:
+            paused = args.paused
+        configure_channel(
+            conn, args.name, max_concurrency=cap, rate_limit=rate, weight=weight, paused=paused, burst=burst
+        )
+        [(cap, rate, burst, weight, paused)] = conn.execute(sql.CHANNEL_SETTINGS_FOR_UPDATE, (args.name,)).fetchall()
+    print(
+        f"channel {args.name}: max_concurrency={cap or '-'} rate_limit={rate or '-'} burst={burst:g} "
+        f"weight={weight} {'paused' if paused else 'not paused'}"
+    )
+    return 0
+
+
+def _add_admin_commands(commands: Any) -> None:
+    enqueue = commands.add_parser(
+        "enqueue",
+        help="add a job and print its id",
+        description=(
+            "Adds one job in its own transaction and prints its id (just the number). Nothing is written "
+            "if any argument is rejected."
+        ),
+    )
+    _database_url_option(enqueue)
+    enqueue.add_argument("kind", metavar="KIND", help="the task name, e.g. emails.send")
+    enqueue.add_argument(
+        "--args", metavar="JSON", default=None, help="the job's arguments, a JSON object ('-' reads it from stdin)"
+    )
+    enqueue.add_argument("--channel", default="default", help="channel (tenant) of the job (default: default)")
+    when = enqueue.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, metavar="SECONDS", help="do not start before SECONDS from now")
+    when.add_argument(
+        "--run-at", metavar="ISO8601", help="do not start before then, with a timezone: 2030-01-31T09:00:00+00:00"
+    )
+    enqueue.add_argument("--max-attempts", type=int, metavar="N", help="attempts before it fails for good (default 3)")
+    enqueue.add_argument("--timeout", type=float, metavar="SECONDS", help="longest run per attempt")
+    enqueue.add_argument(
+        "--unique-key", metavar="K", help="while an unfinished job holds K, print that job's id instead"
+    )
+    enqueue.add_argument("--fifo-key", metavar="K", help="jobs sharing K run one at a time, in enqueue order")
+    enqueue.add_argument(
+        "--after",
+        type=_job_id,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="ID",
+        help="job ids that must succeed first (repeatable)",
+    )
+    enqueue.set_defaults(func=_cmd_enqueue)
+
+    status = commands.add_parser(
+        "status",
+        help="channels, workers and recent failures at a glance",
+        description=(
+            "Shows the backlog per channel, the workers and their leases, who holds the maintenance role, "
+            "and the latest failed attempts. All numbers come from one snapshot; nothing is written."
+        ),
+    )
+    _database_url_option(status)
+    status.add_argument("--json", action="store_true", help="print the same data as one JSON object")
+    status.add_argument(
+        "--since", type=_positive_float, default=24.0, metavar="HOURS", help="history window in hours (default 24)"
+    )
+    status.add_argument(
+        "--failures", type=_bounded_int(0, 1000), default=10, metavar="N", help="failed attempts to list (default 10)"
+    )
+    status.set_defaults(func=_cmd_status)
+
+    retry = commands.add_parser(
+        "retry",
+        help="run a failed, cancelled or lost job again",
+        description=(
+            "Queues a job that ended without succeeding again under the same id, or makes a job waiting "
+            "out a retry backoff due now. A job that succeeded is not run again (exit status 1)."
+        ),
+    )
+    _database_url_option(retry)
+    retry.add_argument("job_id", type=_job_id, metavar="JOB_ID")
+    retry.add_argument(
+        "--attempts", type=_bounded_int(1, 1000), default=1, metavar="N", help="attempts it gets (default 1)"
+    )
+    retry.set_defaults(func=_cmd_retry)
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a job",
+        description=(
+            "A job that has not started never runs; a running job's worker is asked to stop it. "
+            "Exit status 1 if the job had already finished or does not exist."
+        ),
+    )
+    _database_url_option(cancel)
+    cancel.add_argument("job_id", type=_job_id, metavar="JOB_ID")
+    cancel.set_defaults(func=_cmd_cancel)
+
+    channels = commands.add_parser("channels", help="list channels or change a channel's limits")
+    channel_commands = channels.add_subparsers(dest="channels_command", metavar="ACTION", required=True)
+
+    listing = channel_commands.add_parser(
+        "list", help="the channels table of fairqueue status", description="Backlog and limits per channel."
+    )
+    _database_url_option(listing)
+    listing.add_argument("--json", action="store_true", help="print the channels as a JSON array")
+    listing.set_defaults(func=_cmd_channels_list)
+
+    setting = channel_commands.add_parser(
+        "set",
+        help="change some of a channel's limits",
+        description=(
+            "Changes only the settings given; the others keep their current values (a new channel starts "
+            "from the defaults: no cap, no rate limit, weight 1, not paused). Prints the resulting settings."
+        ),
+    )
+    _database_url_option(setting)
+    setting.add_argument("name", metavar="NAME", help="the channel")
+    cap = setting.add_mutually_exclusive_group()
+    cap.add_argument("--max-concurrency", type=int, metavar="N", help="jobs of the channel running at once")
+    cap.add_argument("--no-max-concurrency", action="store_true", help="remove the concurrency cap")
+    rate = setting.add_mutually_exclusive_group()
+    rate.add_argument("--rate-limit", metavar="RATE", help="starts allowed, e.g. 10/s, 600/m, 3/10s")
+    rate.add_argument("--no-rate-limit", action="store_true", help="remove the rate limit")
+    setting.add_argument(
+        "--burst", type=float, metavar="N", help="starts allowed back to back after a quiet spell (with a rate limit)"
+    )
+    setting.add_argument("--weight", type=int, metavar="N", help="share of service relative to other channels (1-1000)")
+    pause = setting.add_mutually_exclusive_group()
+    pause.add_argument("--pause", dest="paused", action="store_const", const=True, help="stop starting its jobs")
+    pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="start its jobs again")
+    setting.set_defaults(func=_cmd_channels_set, paused=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +491,55 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--downgrade", action="store_true", help="move down to --revision instead of up")
     migrate.set_defaults(func=_cmd_migrate)
 
+    worker = commands.add_parser(
+        "worker",
+        help="run jobs: claim fairly across channels, run the task handlers, record outcomes",
+        description=(
+            "Runs a worker process. It claims jobs in batches sized to its free slots, wakes on "
+            "LISTEN/NOTIFY (polling as a fallback), heartbeats, and survives lost connections. SIGTERM or "
+            "SIGINT stops it gracefully (running jobs finish within --grace); a second signal aborts them "
+            "(they run again later)."
+        ),
+    )
+    _database_url_option(worker)
+    worker.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module defining tasks (repeatable), e.g. --import myapp.tasks",
+    )
+    worker.add_argument("--concurrency", type=int, default=10, help="jobs run at once (default 10)")
+    worker.add_argument(
+        "--batch", type=int, default=None, help="most jobs claimed per round trip (default: concurrency, at most 100)"
+    )
+    worker.add_argument("--name", default=None, help="worker name shown in status (default host:pid)")
+    worker.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds without a heartbeat after which this worker's jobs are re-run elsewhere (default 10)",
+    )
+    worker.add_argument(
+        "--poll-interval", type=float, default=1.0, help="longest wait between claims without a notification (s)"
+    )
+    worker.add_argument(
+        "--grace", type=float, default=30.0, help="on SIGTERM, seconds running jobs may take to finish (default 30)"
+    )
+    worker.add_argument(
+        "--no-maintenance", action="store_true", help="never take the maintenance role (another worker does it)"
+    )
+    worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    worker.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",  # noqa: S104 - scraped from other hosts
+        help="address for --metrics-port (default 0.0.0.0)",
+    )
+    worker.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    worker.set_defaults(func=_cmd_worker)
+
     demo = commands.add_parser(
         "demo",
         help="show fair queueing: Bob's 10,000 jobs, then Alice's one",
@@ -91,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=int, default=10, help="jobs claimed per round trip (default 10)")
     demo.add_argument("--job-ms", type=float, default=0.2, help="simulated work per job, ms (default 0.2)")
     demo.set_defaults(func=_cmd_demo)
+
+    _add_admin_commands(commands)
     return parser
 
 
@@ -111,6 +576,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = getattr(args, "database_url", None)
             where = f" {redact(url)}" if url else ""
             print(f"fairqueue: error: cannot connect to the database{where}: {_one_line(str(driver))}", file=sys.stderr)
+            return EXIT_FAILURE
+        if driver is not None and driver.sqlstate in _NOT_INSTALLED:
+            message = driver.diag.message_primary or str(driver)
+            print(
+                f"fairqueue: error: database error: {_one_line(message)} "
+                "(is fairqueue installed in this database? run: fairqueue migrate)",
+                file=sys.stderr,
+            )
             return EXIT_FAILURE
         if driver is not None:
             print(f"fairqueue: error: database error: {_one_line(str(driver))}", file=sys.stderr)

@@ -1,0 +1,390 @@
+"""Tasks: functions registered under a stable name, enqueued with their own arguments, run by workers.
+
+    @fairqueue.task(max_attempts=5, timeout=30)
+    def send_invoice(invoice_id: int) -> dict: ...
+
+    send_invoice.enqueue(session, invoice_id=7)                        # in the caller's transaction
+    send_invoice.using(channel="tenant-42", delay=60).enqueue(session, 7)
+
+A task that takes a :class:`JobContext` (``pass_context=True``) sees its job (id, attempt, channel)
+and can use ``ctx.session`` / ``ctx.connection``: a transaction in which the worker also records the
+job's completion, so the handler's writes and the completion commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from fairqueue.config import settings
+from fairqueue.errors import ConfigurationError, InvalidJobError
+from fairqueue.producer import JobSpec, OnDuplicate, enqueue
+from fairqueue.validation import check_max_attempts, check_seconds, check_text
+
+if TYPE_CHECKING:
+    import psycopg
+    from sqlalchemy.orm import Session
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class JobCancelled(Exception):
+    """Raised inside a running handler whose job was cancelled (``fairqueue cancel``)."""
+
+
+class JobTimeout(Exception):
+    """Raised inside a running handler whose job ran past its timeout."""
+
+
+class BadArgumentsError(InvalidJobError):
+    """The job's args do not fit the task's signature."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before retry n (n = 1 after the first failure): ``base * 2**(n-1)``, at most ``maximum``,
+    then drawn uniformly from [delay/2, delay] when ``jitter`` (spreads retries of a failed burst)."""
+
+    base: float = 1.0
+    maximum: float = 300.0
+    jitter: bool = True
+
+    def delay(self, failed_attempt: int, rng: random.Random | None = None) -> float:
+        raw = min(self.maximum, self.base * 2.0 ** max(0, min(failed_attempt - 1, 60)))
+        if not self.jitter:
+            return raw
+        return (rng or random).uniform(raw / 2, raw)
+
+
+@dataclass(eq=False)
+class JobContext:
+    """What a handler that asked for it (``pass_context=True``) knows about its job."""
+
+    job_id: int
+    kind: str
+    channel: str
+    attempt: int
+    max_attempts: int
+    enqueued_at: datetime
+    started_at: datetime
+    worker_id: int
+    timeout: float | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _opener: Callable[[], Session] | None = field(default=None, repr=False)
+    _session: Session | None = field(default=None, repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once someone cancelled this job: stop early (the worker records it as cancelled)."""
+        return self._cancel.is_set()
+
+    @property
+    def session(self) -> Session:
+        """A SQLAlchemy Session in the transaction that will record this job's completion.
+
+        Using it makes the job transactional: when the handler returns, the worker records success in
+        this transaction and commits it; when the handler raises, it rolls everything back. If the
+        worker lost the job meanwhile (its lease expired), it rolls back too, so the effects happen
+        exactly once for the job's successful attempt.
+        """
+        if self._session is None:
+            if self._opener is None:
+                raise ConfigurationError(
+                    "this context has no database transaction (only sync handlers run by a worker get one)"
+                )
+            self._session = self._opener()
+        return self._session
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The psycopg 3 connection under :attr:`session`, in the same transaction."""
+        raw = self.session.connection().connection.driver_connection
+        if raw is None:
+            raise ConfigurationError("the session's connection is closed")
+        conn: psycopg.Connection[Any] = raw
+        return conn
+
+    @property
+    def transactional(self) -> bool:
+        return self._session is not None
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    channel: str | None = None
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    max_attempts: int | None = None
+    timeout: float | timedelta | None = None
+    unique_key: str | None = None
+    fifo_key: str | None = None
+    after: Iterable[int] | None = None
+    on_duplicate: OnDuplicate = "return"
+
+
+class Task[**P, R]:
+    """A registered task. Call it to run it here and now; ``enqueue`` it to run it on a worker."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        channel: str,
+        max_attempts: int,
+        timeout: float | None,
+        backoff: Backoff,
+        pass_context: bool,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.channel = channel
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.backoff = backoff
+        self.pass_context = pass_context
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        if pass_context:
+            if not params or params[0].kind not in (
+                inspect.Parameter.POSITIONAL_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            ):
+                raise ConfigurationError(f"task {name!r}: pass_context=True needs a first parameter for the context")
+            params = params[1:]
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+            raise ConfigurationError(f"task {name!r}: *args cannot be stored as JSON object args; name the parameters")
+        self._params = params
+        self._arg_signature = self.signature.replace(parameters=params)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<fairqueue task {self.name}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)  # type: ignore[no-any-return]
+
+    # -- arguments --------------------------------------------------------------------------------
+
+    def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The JSON object args for a call with these arguments (checked against the signature)."""
+        try:
+            bound = self._arg_signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise BadArgumentsError(f"task {self.name}: {exc}") from None
+        stored: dict[str, Any] = {}
+        for name, value in bound.arguments.items():
+            if self._arg_signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                stored.update(value)
+            else:
+                stored[name] = value
+        return stored
+
+    def call_arguments(self, stored: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Positional and keyword arguments for the handler from a job's stored args."""
+        remaining = dict(stored)
+        positional: list[Any] = []
+        for p in self._params:
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.name in remaining:
+                positional.append(remaining.pop(p.name))
+        try:
+            self._arg_signature.bind(*positional, **remaining)
+        except TypeError as exc:
+            raise BadArgumentsError(f"arguments do not fit {self.name}{self._arg_signature}: {exc}") from None
+        return positional, remaining
+
+    # -- enqueueing -------------------------------------------------------------------------------
+
+    def using(
+        self,
+        *,
+        channel: str | None = None,
+        run_at: datetime | None = None,
+        delay: float | timedelta | None = None,
+        max_attempts: int | None = None,
+        timeout: float | timedelta | None = None,
+        unique_key: str | None = None,
+        fifo_key: str | None = None,
+        after: Iterable[int] | None = None,
+        on_duplicate: OnDuplicate = "return",
+    ) -> BoundTask[P, R]:
+        """This task with job options for the next enqueue (see :func:`fairqueue.enqueue`)."""
+        return BoundTask(
+            self,
+            _Options(channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, on_duplicate),
+        )
+
+    def enqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
+        """Enqueues a run of this task with these arguments in ``db``'s transaction; returns the job id."""
+        return BoundTask(self, _Options()).enqueue(db, *args, **kwargs)
+
+    def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
+        """A :class:`JobSpec` for :func:`fairqueue.enqueue_many`."""
+        return BoundTask(self, _Options()).spec(*args, **kwargs)
+
+
+class BoundTask[**P, R]:
+    """A task plus job options; made by :meth:`Task.using`."""
+
+    def __init__(self, task: Task[P, R], options: _Options) -> None:
+        self.task = task
+        self.options = options
+
+    def using(self, **changes: Any) -> BoundTask[P, R]:
+        return BoundTask(self.task, replace(self.options, **changes))
+
+    def enqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
+        o, t = self.options, self.task
+        return enqueue(
+            db,
+            t.name,
+            t.bind(*args, **kwargs),
+            channel=o.channel or t.channel,
+            run_at=o.run_at,
+            delay=o.delay,
+            max_attempts=o.max_attempts or t.max_attempts,
+            timeout=o.timeout,
+            unique_key=o.unique_key,
+            fifo_key=o.fifo_key,
+            after=o.after,
+            on_duplicate=o.on_duplicate,
+        )
+
+    def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
+        o, t = self.options, self.task
+        return JobSpec(
+            kind=t.name,
+            args=t.bind(*args, **kwargs),
+            channel=o.channel or t.channel,
+            run_at=o.run_at,
+            delay=o.delay,
+            max_attempts=o.max_attempts or t.max_attempts,
+            timeout=o.timeout,
+            unique_key=o.unique_key,
+            fifo_key=o.fifo_key,
+            after=o.after,
+        )
+
+
+class Registry:
+    """Task names to tasks. ``fairqueue.task`` registers into :data:`registry`."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, task: Task[Any, Any]) -> None:
+        with self._lock:
+            existing = self._tasks.get(task.name)
+            same_function = existing is not None and (
+                getattr(existing.fn, "__module__", None),
+                getattr(existing.fn, "__qualname__", None),
+            ) == (getattr(task.fn, "__module__", None), getattr(task.fn, "__qualname__", None))
+            if existing is not None and not same_function:
+                raise ConfigurationError(
+                    f"two tasks are named {task.name!r} ({_where(existing.fn)} and {_where(task.fn)}); "
+                    "give one of them another name="
+                )
+            self._tasks[task.name] = task  # a reloaded module replaces its own task
+
+    def get(self, name: str) -> Task[Any, Any] | None:
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+registry = Registry()
+
+
+@overload
+def task[**P, R](fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = None,
+    channel: str = "default",
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 300.0,
+    retry_jitter: bool = True,
+    pass_context: bool = False,
+) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+def task[**P, R](
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    channel: str = "default",
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 300.0,
+    retry_jitter: bool = True,
+    pass_context: bool = False,
+) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    """Registers a function (sync or ``async def``) as a task.
+
+    - ``name``: the stable name jobs are stored under (default ``module.function``); keep it when
+      moving the function, or queued jobs will not find it.
+    - ``channel``: default channel of its jobs; ``max_attempts`` (default
+      ``settings.default_max_attempts``) and ``timeout`` (seconds per attempt, None: no limit).
+    - ``retry_backoff`` / ``retry_backoff_max`` / ``retry_jitter``: exponential backoff between attempts.
+    - ``pass_context``: the handler's first parameter receives a :class:`JobContext`.
+    """
+    channel_ = check_text("channel", channel, max_len=200)
+    attempts = check_max_attempts(settings.default_max_attempts if max_attempts is None else max_attempts)
+    timeout_ = None if timeout is None else check_seconds("timeout", timeout)
+    base = check_seconds("retry_backoff", retry_backoff)
+    cap = check_seconds("retry_backoff_max", retry_backoff_max)
+    if cap < base:
+        raise ConfigurationError("retry_backoff_max must be at least retry_backoff")
+    backoff = Backoff(base, cap, bool(retry_jitter))
+
+    def register(f: Callable[P, R]) -> Task[P, R]:
+        if not callable(f):
+            raise ConfigurationError(f"@fairqueue.task decorates a function, not {type(f).__name__}")
+        task_name = name or f"{f.__module__}.{f.__qualname__}"
+        check_text("task name", task_name)
+        if name is None and (f.__module__ == "__main__" or "<locals>" in f.__qualname__):
+            warnings.warn(
+                f"task {task_name!r} has no stable name (a worker cannot import it); pass name=...",
+                stacklevel=3,
+            )
+        t: Task[P, R] = Task(
+            f,
+            name=task_name,
+            channel=channel_,
+            max_attempts=attempts,
+            timeout=timeout_,
+            backoff=backoff,
+            pass_context=pass_context,
+        )
+        registry.add(t)
+        return t
+
+    if fn is not None:
+        return register(fn)
+    return register

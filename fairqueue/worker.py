@@ -1,0 +1,886 @@
+"""The worker runtime behind ``fairqueue worker``: claims fairly, runs handlers, records outcomes.
+
+One process, four kinds of threads, each with its own connection where it needs one:
+
+- the dispatcher (the thread that calls :meth:`Worker.run`): claims batches sized to its free slots,
+  hands jobs to slots, records outcomes in batches, enforces timeouts and cancellations;
+- slot threads run sync handlers (one job each at a time); one event-loop thread runs ``async def``
+  handlers;
+- the listener: LISTEN for new work and cancel requests, and heartbeat (which also proves the
+  listening connection alive, so a silently dropped one is noticed and replaced);
+- the maintainer: tries for the maintenance role and, while it holds it, does the fleet's chores
+  (see fairqueue.maintenance).
+
+Connections that fail are reopened with capped, jittered backoff; outcomes wait in memory meanwhile,
+and nothing the database does not know is dropped. A job is only ever taken away from this worker
+by the database (lease expiry), so every job ends up finished here or re-run elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, TypeVar
+
+import psycopg
+
+from fairqueue import statements as sql
+from fairqueue.config import settings
+from fairqueue.consumer import (
+    ClaimedJob,
+    Finished,
+    Outcome,
+    claim_batch,
+    deregister_worker,
+    finish,
+    register_worker,
+    release,
+)
+from fairqueue.errors import ConfigurationError, UnknownWorkerError
+from fairqueue.maintenance import Maintainer, try_become_maintainer
+from fairqueue.metrics import Metrics
+from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
+from fairqueue.urls import redact, to_libpq, to_sqlalchemy
+from fairqueue.validation import check_result
+
+log = logging.getLogger("fairqueue.worker")
+T = TypeVar("T")
+
+MAX_ERROR_CHARS = 32_000
+LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
+EXIT_OK = 0
+EXIT_ABORTED = 1
+
+
+@dataclass
+class WorkerConfig:
+    database_url: str
+    concurrency: int = 10
+    batch: int | None = None  # most jobs per claim; default: the concurrency, at most 100
+    name: str | None = None
+    lease: float = 10.0  # seconds without a heartbeat before the fleet re-runs this worker's jobs
+    poll_interval: float = 1.0  # longest wait between claims when no notification arrives
+    grace: float = 30.0  # on SIGTERM: how long running jobs may take to finish
+    maintenance: bool = True
+    maintenance_interval: float = 1.0
+    partition_days_ahead: int = 3
+    reconnect_max: float = 5.0
+
+    def check(self) -> None:
+        def positive(name: str, value: float) -> None:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+
+        if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 10_000:
+            raise ConfigurationError(f"concurrency must be a whole number from 1 to 10000, got {self.concurrency!r}")
+        if self.batch is not None and (not isinstance(self.batch, int) or not 1 <= self.batch <= 1000):
+            raise ConfigurationError(f"batch must be a whole number from 1 to 1000, got {self.batch!r}")
+        for name in ("lease", "poll_interval", "maintenance_interval", "reconnect_max"):
+            positive(name, getattr(self, name))
+        if not isinstance(self.grace, int | float) or self.grace < 0:
+            raise ConfigurationError(f"grace must be zero or more seconds, got {self.grace!r}")
+
+    @property
+    def claim_limit(self) -> int:
+        return self.batch or min(self.concurrency, 100)
+
+    @property
+    def heartbeat_every(self) -> float:
+        return self.lease / 4
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    # Raises exc in another thread at its next Python instruction (NULL clears a pending one).
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
+
+
+@dataclass(eq=False)
+class _Running:
+    job: ClaimedJob
+    worker_id: int
+    task: Task[Any, Any] | None
+    ctx: JobContext
+    claimed: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    deadline: float | None = None
+    state: str = "queued"  # queued -> running -> settling -> done | abandoned | released
+    thread_id: int | None = None
+    future: Future[None] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Done:
+    running: _Running
+    outcome: Outcome | None  # None: already recorded in the handler's transaction
+    recorded: Finished | None = None
+
+
+class _Connection:
+    """An autocommit connection reopened with backoff when it breaks; used by one thread only."""
+
+    def __init__(self, worker: Worker, role: str) -> None:
+        self.worker = worker
+        self.role = role
+        self.conn: psycopg.Connection[Any] | None = None
+        self.reopened = 0
+
+    def get(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(
+                self.worker.libpq_url, autocommit=True, application_name=f"fairqueue {self.role}"
+            )
+            self.on_open(self.conn)
+        return self.conn
+
+    def on_open(self, conn: psycopg.Connection[Any]) -> None:
+        """Hook for setting a fresh connection up."""
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection may fail; it is gone anyway
+                self.conn.close()
+            self.conn = None
+
+    def call(self, what: str, fn: Callable[[psycopg.Connection[Any]], T], *, give_up: Callable[[], bool]) -> T:
+        """Runs fn on the connection, retrying through lost connections and transient errors until
+        ``give_up()`` says stop (then the last error is raised)."""
+        failures = 0
+        while True:
+            try:
+                return fn(self.get())
+            except UnknownWorkerError:
+                raise
+            except psycopg.Error as exc:
+                transient = isinstance(exc, psycopg.OperationalError) or exc.sqlstate in ("40001", "40P01", "55P03")
+                if not transient:
+                    raise
+                broken = self.conn is None or self.conn.closed or self.conn.broken
+                if broken:
+                    self.close()
+                    self.reopened += 1
+                    self.worker.metrics.reconnected(self.role)
+                failures += 1
+                delay = min(self.worker.config.reconnect_max, 0.05 * 2 ** min(failures, 10)) * random.uniform(0.5, 1)
+                log.warning(
+                    "database call failed; retrying",
+                    extra={
+                        "connection": self.role,
+                        "call": what,
+                        "error": " ".join(str(exc).split()),
+                        "retry_in": round(delay, 3),
+                    },
+                )
+                if give_up() or self.worker._aborted.wait(delay):
+                    raise
+
+
+class Worker:
+    """A worker process's runtime. ``Worker(config).run()`` blocks until stopped; returns the exit code."""
+
+    def __init__(self, config: WorkerConfig, *, tasks: Registry | None = None, metrics: Metrics | None = None) -> None:
+        config.check()
+        self.config = config
+        self.tasks = tasks or registry
+        self.metrics = metrics or Metrics()
+        self.libpq_url = to_libpq(config.database_url)
+        self.worker_id = 0
+        self.claimed_total = 0
+        self.finished_total = 0
+
+        self._inflight: dict[int, _Running] = {}
+        self._pending: list[_Done] = []
+        self._completions: list[_Done] = []
+        self._completions_lock = threading.Lock()
+        self._work: list[_Running] = []
+        self._work_ready = threading.Condition()
+        self._wake = threading.Event()
+        self._notified = True
+        self._cancel_requests: set[int] = set()
+        self._lease_lost = False
+        self._stopping = threading.Event()
+        self._aborted = threading.Event()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._slot_threads = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._engine: Any = None
+        self._db = _Connection(self, "dispatcher")
+        self._listener_db = _Connection(self, "listener")
+        self._maintenance_db = _Connection(self, "maintenance")
+        self.is_maintainer = False
+        self._needs_reconcile = False
+        self._freed_at: float | None = None  # when a slot first freed up since the last claim
+        self._full_batch = min(config.claim_limit, config.concurrency)
+        self._batch_threshold = max(1, self._full_batch // 2)
+
+    # -- control ------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, let running jobs finish (up to the grace period), then exit."""
+        if not self._stopping.is_set():
+            log.info("stopping: no new jobs; waiting for running ones", extra={"running": len(self._inflight)})
+        self._stopping.set()
+        self._wake.set()
+
+    def abort(self) -> None:
+        """Stop now: running jobs are given back to the queue (recorded as lost) and run again."""
+        log.warning("aborting: running jobs will be re-run", extra={"running": len(self._inflight)})
+        self._stopping.set()
+        self._aborted.set()
+        self._wake.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if self._stopping.is_set():
+                self.abort()
+            else:
+                self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    # -- main loop ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        conn = self._db.get()  # fail fast (with the caller's error handling) if the database is unreachable
+        installed = conn.execute("SELECT to_regprocedure('fairqueue.promote_due_jobs()') IS NOT NULL").fetchone()
+        if not installed or not installed[0]:
+            raise ConfigurationError(
+                f"fairqueue is not installed (or not up to date) in {redact(self.config.database_url)}: "
+                "run `fairqueue migrate` first"
+            )
+        self._register()
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": self.worker_id,
+                "concurrency": self.config.concurrency,
+                "tasks": len(self.tasks),
+                "database": redact(self.config.database_url),
+            },
+        )
+        self._start_threads()
+        try:
+            self._dispatch_loop()
+        finally:
+            self._shutdown()
+        return EXIT_ABORTED if self._aborted.is_set() else EXIT_OK
+
+    def _register(self) -> None:
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "concurrency": self.config.concurrency,
+            "tasks": self.tasks.names()[:100],
+        }
+        self.worker_id = self._db.call(
+            "register",
+            lambda c: register_worker(c, self.config.name, lease_seconds=self.config.lease, info=info),
+            give_up=self._aborted.is_set,
+        )
+        self._lease_lost = False
+
+    def _start_threads(self) -> None:
+        for _ in range(self.config.concurrency):
+            self._spawn_slot()
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._spawn(lambda: _run_loop(loop), "fairqueue-async")
+        self._spawn(self._listen_loop, "fairqueue-listener")
+        if self.config.maintenance:
+            self._spawn(self._maintenance_loop, "fairqueue-maintenance")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return t
+
+    def _spawn_slot(self) -> None:
+        self._slot_threads += 1
+        self._spawn(self._slot_loop, f"fairqueue-slot-{self._slot_threads}")
+
+    def _dispatch_loop(self) -> None:
+        cfg = self.config
+        next_poll = 0.0
+        last_full = False
+        grace_until: float | None = None
+        released_unstarted = False
+        while True:
+            self._wake.clear()  # before looking: a wake-up from now on makes the wait below return at once
+            self._collect_completions()
+            self._enforce_deadlines_and_cancels()
+            now = time.monotonic()
+            free = cfg.concurrency - len(self._inflight)
+            # A freed slot waits a moment (LINGER) for others, so claims and finishes stay batched.
+            lingering = bool(self._inflight) and self._freed_at is not None and now - self._freed_at < LINGER
+            can_claim = free > 0 and (free >= self._full_batch or not lingering) and not self._stopping.is_set()
+            if self._pending and (len(self._pending) >= self._batch_threshold or not lingering or can_claim):
+                self._record_pending()
+            if self._aborted.is_set():
+                return
+            timeout = cfg.poll_interval
+            if self._stopping.is_set():
+                if grace_until is None:
+                    grace_until = now + cfg.grace
+                if not released_unstarted:
+                    self._release_unstarted()
+                    released_unstarted = True
+                if not self._inflight and not self._pending:
+                    return
+                if now >= grace_until:
+                    log.warning("grace period over; aborting running jobs", extra={"running": len(self._inflight)})
+                    self._aborted.set()
+                    return
+                timeout = min(timeout, 0.1)
+            elif can_claim:
+                if self._lease_lost:
+                    log.error("this worker's lease expired; registering again", extra={"worker_id": self.worker_id})
+                    self._register()
+                if self._needs_reconcile:
+                    self._reconcile()
+                if self._notified or last_full or now >= next_poll:
+                    self._notified = False
+                    self._freed_at = None
+                    asked = min(free, cfg.claim_limit)
+                    got = self._claim(asked)
+                    last_full = got == asked
+                    if not last_full:
+                        next_poll = time.monotonic() + cfg.poll_interval
+                        next_poll = min(next_poll, self._next_due(next_poll))
+                    continue
+                timeout = min(timeout, next_poll - now)
+            elif free > 0 and self._freed_at is not None:
+                timeout = min(timeout, self._freed_at + LINGER - now)
+            for r in self._inflight.values():
+                if r.deadline is not None and r.state == "running":
+                    timeout = min(timeout, r.deadline - now)
+            if timeout > 0:
+                self._wake.wait(timeout)
+
+    # -- claiming -----------------------------------------------------------------------------------
+
+    def _claim(self, limit: int) -> int:
+        started = time.monotonic()
+        worker_id = self.worker_id
+        try:
+            jobs = self._db.call("claim", lambda c: claim_batch(c, worker_id, limit), give_up=self._stopping.is_set)
+        except UnknownWorkerError:
+            self._lease_lost = True
+            return 0
+        except psycopg.Error:
+            if self._stopping.is_set():
+                return 0
+            raise
+        self.metrics.claim_round_trip(time.monotonic() - started, len(jobs))
+        if self._db.reopened:
+            # a claim whose answer was lost may have handed us jobs we do not know about
+            self._needs_reconcile = True
+            self._db.reopened = 0
+        for job in jobs:
+            self._start(job, worker_id)
+        self.claimed_total += len(jobs)
+        self.metrics.set_slots(self.config.concurrency, len(self._inflight))
+        return len(jobs)
+
+    def _next_due(self, default: float) -> float:
+        """When the next delayed job or throttled channel becomes due (as a monotonic time)."""
+        try:
+            row = self._db.conn.execute(sql.NEXT_DUE).fetchone() if self._db.conn else None
+        except psycopg.Error:
+            return default
+        if not row or row[0] is None:
+            return default
+        return time.monotonic() + max(0.0, float(row[0]))
+
+    def _start(self, job: ClaimedJob, worker_id: int) -> None:
+        task = self.tasks.get(job.kind)
+        timeout = job.timeout if job.timeout is not None else (task.timeout if task else None)
+        ctx = JobContext(
+            job_id=job.id,
+            kind=job.kind,
+            channel=job.channel,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            enqueued_at=job.enqueued_at,
+            started_at=job.started_at,
+            worker_id=worker_id,
+            timeout=timeout,
+        )
+        r = _Running(job=job, worker_id=worker_id, task=task, ctx=ctx)
+        if timeout is not None:
+            r.deadline = time.monotonic() + timeout
+        self._inflight[job.id] = r
+        wait = (job.started_at - job.ready_at).total_seconds()
+        self.metrics.job_claimed(job.channel, job.kind, max(0.0, wait))
+        if task is not None and task.is_async:
+            assert self._loop is not None
+            r.future = asyncio.run_coroutine_threadsafe(self._run_async(r), self._loop)
+        else:
+            with self._work_ready:
+                self._work.append(r)
+                self._work_ready.notify()
+
+    def _reconcile(self) -> None:
+        worker_id = self.worker_id
+        held = self._db.call(
+            "reconcile", lambda c: [row[0] for row in c.execute(sql.HELD_JOBS, (worker_id,))], give_up=lambda: False
+        )
+        known = set(self._inflight) | {d.running.job.id for d in self._pending}
+        unknown = [job_id for job_id in held if job_id not in known]
+        if unknown:
+            n = self._db.call("release", lambda c: release(c, worker_id, unknown), give_up=lambda: False)
+            log.warning("handed back jobs claimed while the connection was lost", extra={"jobs": n})
+        self._needs_reconcile = False
+
+    def _release_unstarted(self) -> None:
+        with self._work_ready:
+            unstarted = [r for r in self._work if r.state == "queued"]
+            self._work = [r for r in self._work if r not in unstarted]
+        by_worker: dict[int, list[int]] = {}
+        for r in unstarted:
+            with r.lock:
+                r.state = "released"
+            self._inflight.pop(r.job.id, None)
+            by_worker.setdefault(r.worker_id, []).append(r.job.id)
+        for worker_id, ids in by_worker.items():
+            try:
+                self._release(worker_id, ids)
+            except psycopg.Error:
+                log.warning("could not hand back unstarted jobs; they return when the lease expires")
+        if unstarted:
+            log.info("handed back claimed jobs that had not started", extra={"jobs": len(unstarted)})
+
+    # -- running handlers ---------------------------------------------------------------------------
+
+    def _slot_loop(self) -> None:
+        while True:
+            with self._work_ready:
+                while not self._work:
+                    if self._stopped.is_set():
+                        return
+                    self._work_ready.wait(1.0)
+                r = self._work.pop(0)
+            with contextlib.suppress(BaseException):  # an exception injected after the handler ended
+                self._run_sync(r)
+            if r.state == "abandoned":
+                return  # a replacement slot thread was started when this job was abandoned
+
+    def _begin(self, r: _Running) -> bool:
+        with r.lock:
+            if r.state != "queued":
+                return False
+            r.state = "running"
+            r.thread_id = threading.get_ident()
+            r.started = time.monotonic()
+            return True
+
+    def _settle(self, r: _Running) -> bool:
+        """Marks the handler done; False if the dispatcher abandoned the job first (timeout, cancel)."""
+        with r.lock:
+            if r.state != "running":
+                return False
+            r.state = "settling"
+            if r.thread_id is not None and r.thread_id == threading.get_ident():
+                _set_async_exc(r.thread_id, None)  # drop an injection that has not landed yet
+            return True
+
+    def _run_sync(self, r: _Running) -> None:
+        if not self._begin(r):
+            return
+        task = r.task
+        if task is None:
+            self._complete(r, self._unknown_task(r))
+            return
+        if task.pass_context:
+            r.ctx._opener = self._open_session
+        try:
+            try:
+                positional, keywords = task.call_arguments(r.job.args)
+                if task.pass_context:
+                    positional.insert(0, r.ctx)
+                result = task.fn(*positional, **keywords)
+                encoded_ok = self._check_result(r, result)
+            except BaseException as exc:
+                if not self._settle(r):
+                    return
+                self._rollback(r)
+                self._complete(r, self._failure(r, exc))
+                return
+            if not self._settle(r):
+                return
+            if isinstance(encoded_ok, Outcome):
+                self._rollback(r)
+                self._complete(r, encoded_ok)
+                return
+            if r.ctx.transactional:
+                self._complete(r, self._commit_with_completion(r, result))
+            else:
+                self._complete(r, Outcome(r.job.id, "succeeded", result=result))
+        finally:
+            if r.ctx._session is not None:
+                r.ctx._session.close()
+
+    async def _run_async(self, r: _Running) -> None:
+        if not self._begin(r):
+            return
+        task = r.task
+        assert task is not None
+        try:
+            positional, keywords = task.call_arguments(r.job.args)
+            if task.pass_context:
+                positional.insert(0, r.ctx)
+            coro = task.fn(*positional, **keywords)
+            async with asyncio.timeout(r.ctx.timeout):
+                result = await coro
+            outcome = self._check_result(r, result)
+            if outcome is None:
+                outcome = Outcome(r.job.id, "succeeded", result=result)
+        except TimeoutError:
+            outcome = self._timed_out(r)
+        except asyncio.CancelledError:
+            if not r.ctx.cancel_requested:
+                raise
+            outcome = Outcome(r.job.id, "cancelled", error="cancelled while running")
+        except Exception as exc:
+            outcome = self._failure(r, exc)
+        if self._settle(r):
+            self._complete(r, outcome)
+
+    def _check_result(self, r: _Running, result: Any) -> Outcome | None:
+        try:
+            check_result(result, limit=settings.max_result_bytes)
+        except Exception as exc:
+            return Outcome(r.job.id, "failed", error=f"the handler's return value cannot be stored: {exc}")
+        return None
+
+    def _unknown_task(self, r: _Running) -> Outcome:
+        known = ", ".join(self.tasks.names()[:20]) or "none: start the worker with --import MODULE"
+        return Outcome(
+            r.job.id,
+            "failed",
+            error=f"unknown task {r.job.kind!r}: no task of that name is registered in this worker (known: {known})",
+            retry_in=self._retry_in(r),
+        )
+
+    def _retry_in(self, r: _Running) -> float | None:
+        if r.job.attempt >= r.job.max_attempts:
+            return None
+        return r.task.backoff.delay(r.job.attempt) if r.task else min(300.0, 2.0**r.job.attempt)
+
+    def _timed_out(self, r: _Running) -> Outcome:
+        return Outcome(r.job.id, "timed_out", error=f"timed out after {r.ctx.timeout:g} s", retry_in=self._retry_in(r))
+
+    def _failure(self, r: _Running, exc: BaseException) -> Outcome:
+        if isinstance(exc, JobTimeout):
+            return Outcome(
+                r.job.id, "timed_out", error=f"timed out after {r.ctx.timeout:g} s", retry_in=self._retry_in(r)
+            )
+        if isinstance(exc, JobCancelled):
+            return Outcome(r.job.id, "cancelled", error="cancelled while running")
+        if isinstance(exc, BadArgumentsError):
+            return Outcome(r.job.id, "failed", error=f"bad arguments: {exc}")  # retrying cannot help
+        text = "".join(traceback.format_exception(exc))
+        if len(text) > MAX_ERROR_CHARS:
+            text = text[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + text[-MAX_ERROR_CHARS // 2 :]
+        return Outcome(r.job.id, "failed", error=f"{type(exc).__name__}: {exc}\n\n{text}", retry_in=self._retry_in(r))
+
+    # -- transactional handlers -----------------------------------------------------------------------
+
+    def _open_session(self) -> Any:
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        if self._engine is None:
+            self._engine = create_engine(
+                to_sqlalchemy(self.config.database_url),
+                pool_size=self.config.concurrency,
+                max_overflow=self.config.concurrency,
+                pool_pre_ping=True,
+            )
+        return Session(self._engine)
+
+    def _rollback(self, r: _Running) -> None:
+        session = r.ctx._session
+        if session is not None:
+            try:
+                session.rollback()
+            except Exception:
+                log.debug("rollback failed", exc_info=True)
+
+    def _commit_with_completion(self, r: _Running, result: Any) -> Outcome | None:
+        """Records success in the handler's own transaction and commits both; None when done."""
+        session = r.ctx._session
+        assert session is not None
+        try:
+            recorded = finish(session, r.worker_id, [Outcome(r.job.id, "succeeded", result=result)])
+            if not recorded:
+                # the job is no longer ours (lease expired, re-run elsewhere): its effects must not commit
+                session.rollback()
+                log.warning("job was taken from this worker; its transaction was rolled back", extra=self._fields(r))
+                return None
+            session.commit()
+            self._count_finished(r, "succeeded")
+            return None
+        except Exception as exc:
+            self._rollback(r)
+            # If the commit did land, the job is finished and this failure is skipped when recorded.
+            return Outcome(
+                r.job.id,
+                "failed",
+                error=f"could not commit the job's transaction: {' '.join(str(exc).split())}",
+                retry_in=self._retry_in(r) if r.job.attempt < r.job.max_attempts else None,
+            )
+
+    # -- outcomes -----------------------------------------------------------------------------------
+
+    def _complete(self, r: _Running, outcome: Outcome | None) -> None:
+        with self._completions_lock:
+            self._completions.append(_Done(r, outcome))
+        self._wake.set()
+
+    def _collect_completions(self) -> None:
+        with self._completions_lock:
+            done, self._completions = self._completions, []
+        for d in done:
+            r = d.running
+            if self._inflight.get(r.job.id) is not r:
+                continue
+            del self._inflight[r.job.id]
+            with r.lock:
+                if r.state == "settling":
+                    r.state = "done"
+            if d.outcome is not None:
+                self._pending.append(d)
+        if done and self._freed_at is None:
+            self._freed_at = time.monotonic()
+        if done:
+            self.metrics.set_slots(self.config.concurrency, len(self._inflight))
+
+    def _record_pending(self) -> None:
+        by_worker: dict[int, list[_Done]] = {}
+        for d in self._pending:
+            by_worker.setdefault(d.running.worker_id, []).append(d)
+        for worker_id, items in by_worker.items():
+            outcomes = [d.outcome for d in items if d.outcome is not None]
+            try:
+                recorded = self._finish(worker_id, outcomes)
+            except psycopg.Error:
+                return  # aborting: the jobs go back to the queue when this worker deregisters or expires
+            got = {f.job_id: f for f in recorded}
+            for d in items:
+                assert d.outcome is not None
+                if d.running.job.id in got:
+                    self._count_finished(d.running, d.outcome.outcome)
+                    if d.outcome.outcome != "succeeded":
+                        self._log_failure(d.running, d.outcome, got[d.running.job.id])
+                self._pending.remove(d)
+
+    def _finish(self, worker_id: int, outcomes: list[Outcome]) -> list[Finished]:
+        return self._db.call("finish", lambda c: finish(c, worker_id, outcomes), give_up=self._aborted.is_set)
+
+    def _release(self, worker_id: int, ids: list[int]) -> int:
+        return self._db.call("release", lambda c: release(c, worker_id, ids), give_up=self._aborted.is_set)
+
+    def _count_finished(self, r: _Running, outcome: str) -> None:
+        run = time.monotonic() - (r.started or r.claimed)
+        self.metrics.job_finished(r.job.channel, r.job.kind, outcome, run)
+        self.finished_total += 1
+
+    def _fields(self, r: _Running) -> dict[str, Any]:
+        return {"job_id": r.job.id, "kind": r.job.kind, "channel": r.job.channel, "attempt": r.job.attempt}
+
+    def _log_failure(self, r: _Running, outcome: Outcome, recorded: Finished) -> None:
+        first_line = (outcome.error or "").split("\n", 1)[0]
+        fields = self._fields(r) | {"outcome": outcome.outcome, "error": first_line, "final": recorded.final}
+        if recorded.retry_at is not None:
+            fields["retry_at"] = recorded.retry_at.isoformat()
+        log.warning("job did not succeed", extra=fields)
+
+    # -- timeouts and cancellation -------------------------------------------------------------------
+
+    def _enforce_deadlines_and_cancels(self) -> None:
+        now = time.monotonic()
+        with self._completions_lock:
+            cancels, self._cancel_requests = self._cancel_requests, set()
+        for job_id in cancels:
+            r = self._inflight.get(job_id)
+            if r is not None:
+                r.ctx._cancel.set()
+                self._abandon(r, Outcome(job_id, "cancelled", error="cancelled while running"), JobCancelled)
+        for r in list(self._inflight.values()):
+            if r.deadline is not None and now >= r.deadline and r.state == "running" and r.future is None:
+                self._abandon(r, self._timed_out(r), JobTimeout)
+
+    def _abandon(self, r: _Running, outcome: Outcome, exc: type[BaseException]) -> None:
+        """Ends a running job now: records ``outcome``, asks the handler to stop, frees its slot."""
+        if r.future is not None:  # async: cancelling the task is clean and the task records the outcome
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(r.future.cancel)
+            return
+        with r.lock:
+            if r.state != "running":
+                return  # it is settling already: its own outcome wins
+            r.state = "abandoned"
+            if r.thread_id is not None:
+                _set_async_exc(r.thread_id, exc)
+        del self._inflight[r.job.id]
+        self._pending.append(_Done(r, outcome))
+        self._spawn_slot()  # the old thread may be stuck in C code; the slot is free again either way
+        log.warning("stopped a running job", extra=self._fields(r) | {"outcome": outcome.outcome})
+
+    # -- listener and heartbeat ---------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        db = self._listener_db
+        next_beat = 0.0
+        while not self._stopped.is_set():
+            try:
+                conn = db.get()
+                if not getattr(conn, "_fq_listening", False):
+                    conn.execute("LISTEN fairqueue")
+                    conn.execute("LISTEN fairqueue_cancel")
+                    conn._fq_listening = True  # type: ignore[attr-defined]
+                    self._notified = True  # anything sent while we were not listening
+                    self._wake.set()
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._heartbeat(conn)
+                    next_beat = now + self.config.heartbeat_every
+                for note in conn.notifies(timeout=max(0.05, min(1.0, next_beat - time.monotonic()))):
+                    if note.channel == "fairqueue_cancel":
+                        self._request_cancel(note.payload)
+                    else:
+                        self._notified = True
+                        self._wake.set()
+            except psycopg.Error as exc:
+                db.close()
+                self.metrics.reconnected("listener")
+                log.warning("listener connection lost; reconnecting", extra={"error": " ".join(str(exc).split())})
+                self._stopped.wait(min(self.config.reconnect_max, 0.5) * random.uniform(0.5, 1))
+        db.close()
+
+    def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
+        if not self.worker_id:
+            return
+        row = conn.execute(
+            sql.HEARTBEAT_WITH_CANCELS, {"worker": self.worker_id, "lease": self.config.lease}
+        ).fetchone()
+        assert row is not None
+        alive, cancels = row
+        if not alive and not self._stopping.is_set():
+            self._lease_lost = True
+            self._wake.set()
+        for job_id in cancels or ():
+            self._request_cancel(str(job_id))
+
+    def _request_cancel(self, payload: str) -> None:
+        try:
+            job_id = int(payload)
+        except ValueError:
+            return
+        with self._completions_lock:
+            self._cancel_requests.add(job_id)
+        self._wake.set()
+
+    # -- maintenance --------------------------------------------------------------------------------
+
+    def _maintenance_loop(self) -> None:
+        db = self._maintenance_db
+        maintainer = Maintainer(days_ahead=self.config.partition_days_ahead)
+        while not self._stopped.is_set():
+            try:
+                conn = db.get()
+                if not self.is_maintainer:
+                    self.is_maintainer = try_become_maintainer(conn)
+                    if self.is_maintainer:
+                        log.info("took the maintenance role", extra={"worker_id": self.worker_id})
+                if self.is_maintainer:
+                    maintainer.tick(conn)
+            except psycopg.Error as exc:
+                if self.is_maintainer:
+                    log.warning("lost the maintenance role with its connection", extra={"error": str(exc).strip()})
+                self.is_maintainer = False
+                db.close()
+            self._stopped.wait(self.config.maintenance_interval * random.uniform(0.8, 1.2))
+        db.close()
+
+    # -- shutdown -----------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        self._collect_completions()
+        if self._pending and not self._aborted.is_set():
+            self._record_pending()
+        self._stopped.set()
+        with self._work_ready:
+            self._work_ready.notify_all()
+        # Whatever still runs (aborted, or past the grace period) is recorded as lost and re-run.
+        still_running = len(self._inflight)
+        try:
+            conn = self._db.get()
+            n = deregister_worker(conn, self.worker_id)
+            if n:
+                log.warning("left running jobs to be re-run", extra={"jobs": n})
+        except psycopg.Error as exc:
+            log.warning(
+                "could not deregister; the lease expiry will re-run any jobs left",
+                extra={"error": " ".join(str(exc).split()), "running": still_running},
+            )
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        for t in self._threads:
+            if t.name in ("fairqueue-listener", "fairqueue-maintenance"):
+                t.join(timeout=2.0)
+        self._db.close()
+        if self._engine is not None:
+            self._engine.dispose()
+        log.info(
+            "worker stopped",
+            extra={"worker_id": self.worker_id, "claimed": self.claimed_total, "finished": self.finished_total},
+        )
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def import_task_modules(modules: Iterable[str]) -> list[str]:
+    """Imports the modules that define tasks (the current directory is importable, as with ``python -m``)."""
+    import importlib
+    import sys
+
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    imported = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigurationError(f"cannot import task module {name!r}: {exc}") from None
+        except Exception as exc:
+            raise ConfigurationError(f"importing task module {name!r} failed: {type(exc).__name__}: {exc}") from None
+        imported.append(name)
+    return imported
+
+
+def describe(worker: Worker) -> str:
+    return json.dumps({"worker_id": worker.worker_id, "maintainer": worker.is_maintainer})

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
@@ -328,8 +328,22 @@ def task(
     retry_backoff: float = 1.0,
     retry_backoff_max: float = 300.0,
     retry_jitter: bool = True,
-    pass_context: bool = False,
+    pass_context: Literal[False] = False,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = None,
+    channel: str = "default",
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    retry_backoff: float = 1.0,
+    retry_backoff_max: float = 300.0,
+    retry_jitter: bool = True,
+    pass_context: Literal[True],
+) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
 def task[**P, R](
@@ -344,7 +358,7 @@ def task[**P, R](
     retry_backoff_max: float = 300.0,
     retry_jitter: bool = True,
     pass_context: bool = False,
-) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+) -> Task[P, R] | Callable[[Callable[..., R]], Task[P, R]]:
     """Registers a function (sync or ``async def``) as a task.
 
     - ``name``: the stable name jobs are stored under (default ``module.function``); keep it when
@@ -363,7 +377,7 @@ def task[**P, R](
         raise ConfigurationError("retry_backoff_max must be at least retry_backoff")
     backoff = Backoff(base, cap, bool(retry_jitter))
 
-    def register(f: Callable[P, R]) -> Task[P, R]:
+    def register(f: Callable[..., R]) -> Task[P, R]:
         if not callable(f):
             raise ConfigurationError(f"@fairqueue.task decorates a function, not {type(f).__name__}")
         task_name = name or f"{f.__module__}.{f.__qualname__}"

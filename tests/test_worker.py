@@ -1,0 +1,373 @@
+"""The worker runtime, in-process: handlers, retries, timeouts, cancellation, transactions, shutdown.
+
+Each test runs a real Worker (its own threads and connections) against the test database and waits
+for conditions in the database, never for fixed times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue.errors import ConfigurationError
+from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
+from tests import worker_tasks as t
+from tests.helpers import assert_consistent, count
+
+Starter = Callable[..., Worker]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status(conn: psycopg.Connection[Any], job_id: int) -> str:
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None
+    return info.status
+
+
+def finished(conn: psycopg.Connection[Any], job_id: int, timeout: float = 20.0) -> fairqueue.JobInfo:
+    def done() -> fairqueue.JobInfo | None:
+        info = fairqueue.get_job(conn, job_id)
+        return info if info is not None and info.finished else None
+
+    result: fairqueue.JobInfo = wait_for(done, timeout, f"job {job_id} to finish")
+    return result
+
+
+@pytest.fixture
+def effects(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(t.CREATE_EFFECTS)
+    conn.execute(f"TRUNCATE {t.EFFECTS_TABLE}")
+
+
+@pytest.fixture
+def start_worker(db_url: str) -> Iterator[Starter]:
+    running: list[tuple[Worker, threading.Thread]] = []
+
+    def start(**overrides: Any) -> Worker:
+        options: dict[str, Any] = {"concurrency": 4, "poll_interval": 0.2, "lease": 5.0} | overrides
+        worker = Worker(WorkerConfig(database_url=db_url, **options))
+        worker.exit_code = None  # type: ignore[attr-defined]
+
+        def run() -> None:
+            worker.exit_code = worker.run()  # type: ignore[attr-defined]
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        running.append((worker, thread))
+        wait_for(lambda: worker.worker_id, what="the worker to register")
+        return worker
+
+    yield start
+    for worker, thread in running:
+        worker.abort()
+        thread.join(10)
+    for key in list(t.GATES):
+        t.GATES[key].set()
+    t.GATES.clear()
+    t.CALLS.clear()
+
+
+def stop_and_wait(worker: Worker, timeout: float = 20.0) -> int:
+    worker.stop()
+    wait_for(lambda: getattr(worker, "exit_code", None) is not None, timeout, "the worker to exit")
+    return int(worker.exit_code)  # type: ignore[attr-defined]
+
+
+def test_runs_sync_and_async_handlers_and_stores_their_results(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    sync_id = t.add.enqueue(conn, 2, b=3)
+    async_id = t.async_add.using(channel="other").enqueue(conn, a=20, b=1)
+    start_worker()
+    assert finished(conn, sync_id).result == 5
+    info = finished(conn, async_id)
+    assert (info.status, info.result, info.channel) == ("succeeded", {"sum": 21}, "other")
+    assert_consistent(conn)
+
+
+def test_context_carries_the_job(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    job_id = t.context.using(channel="tenant-7").enqueue(conn)
+    start_worker()
+    assert finished(conn, job_id).result == {"job_id": job_id, "attempt": 1, "channel": "tenant-7", "kind": "t.context"}
+
+
+def test_a_failing_handler_is_retried_with_backoff_until_it_succeeds(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.flaky.enqueue(conn, succeed_on=3)
+    start_worker()
+    info = finished(conn, job_id)
+    assert info.status == "succeeded" and info.result == "finally"
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "failed"), (2, "failed"), (3, "succeeded")]
+    assert "RuntimeError: failure number 1" in (info.attempts[0].error or "")
+    gaps = [b - a for a, b in zip(t.CALLS["flaky"], t.CALLS["flaky"][1:], strict=False)]
+    assert all(gap >= 0.025 for gap in gaps), gaps  # at least half the 0.05 s base (jitter)
+
+
+def test_out_of_attempts_ends_failed_with_the_error_and_traceback(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.always_fails.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert info.status == "failed" and info.attempt == 2
+    assert info.error is not None
+    assert info.error.startswith("ValueError: this handler always fails")
+    assert "Traceback (most recent call last)" in info.error and "worker_tasks.py" in info.error
+
+
+def test_unknown_task_and_bad_arguments_fail_the_job_not_the_worker(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    unknown = fairqueue.enqueue(conn, "no.such.task", {"x": 1}, max_attempts=1)
+    bad_args = fairqueue.enqueue(conn, "t.add", {"a": 1, "surprise": 2})
+    missing = fairqueue.enqueue(conn, "t.add", {})
+    bad_result = t.bad_result.enqueue(conn)
+    worker = start_worker()
+    info = finished(conn, unknown)
+    assert info.status == "failed" and "unknown task 'no.such.task'" in (info.error or "")
+    info = finished(conn, bad_args)
+    assert (info.status, info.attempt) == ("failed", 1)  # not retried: it cannot get better
+    assert "bad arguments" in (info.error or "") and "surprise" in (info.error or "")
+    assert "missing a required argument: 'a'" in (finished(conn, missing).error or "")
+    assert "cannot be stored" in (finished(conn, bad_result).error or "")
+    still_working = t.add.enqueue(conn, 1)
+    assert finished(conn, still_working).result == 1
+    assert worker.exit_code is None  # type: ignore[attr-defined]
+
+
+def test_a_timeout_stops_a_busy_sync_handler_and_frees_its_slot(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    spinning = t.spin.enqueue(conn)
+    start_worker(concurrency=1)
+    info = finished(conn, spinning)
+    assert info.status == "timed_out" and "timed out after 0.3 s" in (info.error or "")
+    after = t.add.enqueue(conn, 7)
+    assert finished(conn, after).result == 7  # the only slot works again
+
+
+def test_a_timeout_cancels_an_async_handler(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    job_id = t.async_sleep.enqueue(conn, 60)
+    start_worker()
+    assert finished(conn, job_id).status == "timed_out"
+
+
+def test_a_cancelled_queued_job_never_runs(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    doomed = t.add.enqueue(conn, 1)
+    assert fairqueue.cancel(conn, doomed) == "cancelled"
+    other = t.add.enqueue(conn, 2)
+    start_worker()
+    assert finished(conn, other).result == 2
+    info = finished(conn, doomed)
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(0, "cancelled")]
+
+
+@pytest.mark.parametrize("task", [t.wait_for_cancel, t.async_wait_for_cancel], ids=["sync", "async"])
+def test_cancelling_a_running_job_stops_its_handler(
+    conn: psycopg.Connection[Any], start_worker: Starter, task: fairqueue.Task[Any, Any]
+) -> None:
+    job_id = task.enqueue(conn, gate="started")
+    start_worker(concurrency=1)
+    assert t.GATES["started"].wait(20)
+    assert fairqueue.cancel(conn, job_id) == "cancel_requested"
+    info = finished(conn, job_id)
+    assert info.status == "cancelled"
+    after = t.add.enqueue(conn, 3)
+    assert finished(conn, after).result == 3  # the slot was given back
+
+
+def test_a_transactional_handler_commits_its_writes_with_the_completion(
+    conn: psycopg.Connection[Any], start_worker: Starter, effects: None
+) -> None:
+    job_id = t.effect.enqueue(conn)
+    start_worker()
+    assert finished(conn, job_id).result == job_id
+    assert conn.execute(f"SELECT job_id, attempt FROM {t.EFFECTS_TABLE}").fetchall() == [(job_id, 1)]
+
+
+def test_a_failing_transactional_handler_leaves_none_of_its_writes(
+    conn: psycopg.Connection[Any], start_worker: Starter, effects: None
+) -> None:
+    job_id = t.effect.using(max_attempts=2).enqueue(conn, fail=True)
+    start_worker()
+    info = finished(conn, job_id)
+    assert (info.status, info.attempt) == ("failed", 2)
+    assert count_effects(conn) == 0
+
+
+def count_effects(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(f"SELECT count(*) FROM {t.EFFECTS_TABLE}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_handler_whose_job_was_taken_away_does_not_commit(
+    conn: psycopg.Connection[Any], start_worker: Starter, effects: None
+) -> None:
+    """Exactly once for database effects: a lease expires mid-run, the job is re-run elsewhere, and
+    the first run's transaction (already written, not yet committed) must roll back."""
+    job_id = t.effect_then_wait.enqueue(conn, gate="running", release="go")
+    worker = start_worker(maintenance=False)
+    assert t.GATES["running"].wait(20)
+    first_worker = worker.worker_id
+    conn.execute(
+        "UPDATE fairqueue.worker SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (first_worker,)
+    )
+    assert fairqueue.recover_expired_workers(conn) == 1
+    t.GATES["go"].set()  # the first run finishes now: its completion must find the job gone
+    info = finished(conn, job_id)
+    assert info.status == "succeeded"
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost"), (2, "succeeded")]
+    assert conn.execute(f"SELECT job_id, attempt FROM {t.EFFECTS_TABLE}").fetchall() == [(job_id, 2)]
+
+
+def test_graceful_stop_lets_the_running_job_finish(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    job_id = t.hold.enqueue(conn, gate="running", release="go")
+    worker = start_worker()
+    assert t.GATES["running"].wait(20)
+    worker.stop()
+    queued_after_stop = t.add.enqueue(conn, 1)
+    t.GATES["go"].set()
+    assert stop_and_wait(worker) == EXIT_OK
+    assert finished(conn, job_id).result == "released"
+    assert status(conn, queued_after_stop) == "ready"  # a stopping worker claims nothing new
+    assert count(conn, "worker") == 0
+
+
+def test_past_the_grace_period_running_jobs_are_given_back(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.hold.using(max_attempts=3).enqueue(conn, gate="running", release="never")
+    worker = start_worker(grace=0.2)
+    assert t.GATES["running"].wait(20)
+    assert stop_and_wait(worker) == EXIT_ABORTED
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status in ("scheduled", "ready")  # due now: the next claim takes it
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost")]
+    assert count(conn, "worker") == 0
+
+
+def test_jobs_of_a_worker_whose_lease_expired_run_again_within_seconds(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.add.enqueue(conn, 40, 2)
+    dead = fairqueue.register_worker(conn, "dies-silently", lease_seconds=0.5)
+    [claimed] = fairqueue.claim_batch(conn, dead, 1)
+    assert claimed.id == job_id
+    began = time.monotonic()
+    start_worker(maintenance_interval=0.2)
+    info = finished(conn, job_id)
+    assert time.monotonic() - began < 5
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost"), (2, "succeeded")]
+    assert count(conn, "worker") == 1  # the dead worker's row was pruned
+
+
+def test_exactly_one_worker_holds_the_maintenance_role(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    workers = [start_worker(maintenance_interval=0.1) for _ in range(3)]
+    wait_for(lambda: sum(w.is_maintainer for w in workers) == 1, what="one maintainer")
+    holders = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1718681602 AND granted"
+    ).fetchone()
+    assert holders == (1,)
+    leader = next(w for w in workers if w.is_maintainer)
+    assert stop_and_wait(leader) == EXIT_OK
+    rest = [w for w in workers if w is not leader]
+    wait_for(lambda: sum(w.is_maintainer for w in rest) == 1, what="another worker to take the role")
+
+
+def test_notifications_still_arrive_after_the_listener_connection_is_killed(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    start_worker(poll_interval=60)  # only a notification can wake it in time
+    first = t.add.enqueue(conn, 1)
+    assert finished(conn, first, timeout=10).result == 1
+    [(killed,)] = conn.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'fairqueue listener'"
+    ).fetchall()
+    assert killed == 1
+    wait_for(
+        lambda: conn.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'fairqueue listener' AND query LIKE 'LISTEN%%'"
+        ).fetchone(),
+        what="a new listener",
+    )
+    second = t.add.enqueue(conn, 2)
+    assert finished(conn, second, timeout=10).result == 2
+
+
+def test_killed_dispatcher_connection_loses_no_job(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    ids = [t.sleep_ms.enqueue(conn, 1) for _ in range(300)]
+    start_worker()
+    wait_for(lambda: count(conn, "job") < 250, what="the worker to get going")
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'fairqueue dispatcher'"
+    )
+    for job_id in ids:
+        assert finished(conn, job_id).status == "succeeded"
+    assert_consistent(conn)
+
+
+def test_an_idle_worker_wakes_when_a_rate_limited_channel_may_run_again(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    fairqueue.configure_channel(conn, "limited", rate_limit="20/s")
+    ids = [t.add.using(channel="limited").enqueue(conn, i) for i in range(10)]
+    began = time.monotonic()
+    start_worker(poll_interval=30)
+    for job_id in ids:
+        finished(conn, job_id)
+    assert time.monotonic() - began < 5  # ~0.5 s at 20/s; polling alone would take minutes
+
+
+def test_metrics_count_claims_and_outcomes_per_channel(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    ok = t.add.using(channel="m").enqueue(conn, 1)
+    bad = t.always_fails.using(channel="m", max_attempts=1).enqueue(conn)
+    worker = start_worker()
+    finished(conn, ok)
+    finished(conn, bad)
+
+    def rendered() -> str | None:
+        text = worker.metrics.render()
+        return text if 'outcome="failed"' in text else None
+
+    text = wait_for(rendered, what="metrics to be recorded")
+    assert 'fairqueue_jobs_finished_total{channel="m",kind="t.add",outcome="succeeded"} 1' in text
+    assert 'fairqueue_jobs_finished_total{channel="m",kind="t.always_fails",outcome="failed"} 1' in text
+    assert 'fairqueue_jobs_claimed_total{channel="m",kind="t.add"} 1' in text
+
+
+def test_a_worker_refuses_a_database_without_fairqueue(empty_database_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="run `fairqueue migrate` first"):
+        Worker(WorkerConfig(database_url=empty_database_url)).run()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("concurrency", 0, "concurrency must be"),
+        ("batch", 5000, "batch must be"),
+        ("lease", 0, "lease must be"),
+        ("grace", -1, "grace must be"),
+    ],
+)
+def test_bad_worker_settings_are_refused(option: str, value: object, message: str) -> None:
+    config = WorkerConfig(database_url="postgresql://localhost/x")
+    setattr(config, option, value)
+    with pytest.raises(ConfigurationError, match=message):
+        config.check()

@@ -1,0 +1,117 @@
+"""Tasks the worker tests run, in-process and in `fairqueue worker --import tests.worker_tasks` processes.
+
+Handlers that coordinate with a test (in-process only) use the events in GATES, never sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import fairqueue
+
+EFFECTS_TABLE = "public.test_effects"
+CREATE_EFFECTS = f"CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} (job_id bigint NOT NULL, attempt int NOT NULL, note text)"
+
+GATES: defaultdict[str, threading.Event] = defaultdict(threading.Event)
+CALLS: defaultdict[str, list[Any]] = defaultdict(list)
+
+
+@fairqueue.task(name="t.add")
+def add(a: int, b: int = 0) -> int:
+    return a + b
+
+
+@fairqueue.task(name="t.async_add")
+async def async_add(a: int, b: int = 0) -> dict[str, int]:
+    await asyncio.sleep(0)
+    return {"sum": a + b}
+
+
+@fairqueue.task(name="t.flaky", max_attempts=3, retry_backoff=0.05, retry_backoff_max=0.1)
+def flaky(succeed_on: int, ctx_key: str = "flaky") -> str:
+    CALLS[ctx_key].append(time.monotonic())
+    if len(CALLS[ctx_key]) < succeed_on:
+        raise RuntimeError(f"failure number {len(CALLS[ctx_key])}")
+    return "finally"
+
+
+@fairqueue.task(name="t.always_fails", max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.05)
+def always_fails() -> None:
+    raise ValueError("this handler always fails")
+
+
+@fairqueue.task(name="t.spin", timeout=0.3, max_attempts=1)
+def spin() -> None:
+    """Busy Python code that never returns by itself: the timeout must stop it."""
+    while True:
+        sum(range(100))
+
+
+@fairqueue.task(name="t.async_sleep", timeout=0.3, max_attempts=1)
+async def async_sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+@fairqueue.task(name="t.wait_for_cancel", pass_context=True, max_attempts=1)
+def wait_for_cancel(ctx: fairqueue.JobContext, gate: str) -> str:
+    """Runs until cancelled (the worker raises JobCancelled in it), telling the test it started."""
+    GATES[gate].set()
+    while True:
+        sum(range(100))
+
+
+@fairqueue.task(name="t.async_wait_for_cancel", max_attempts=1)
+async def async_wait_for_cancel(gate: str) -> None:
+    GATES[gate].set()
+    await asyncio.Event().wait()
+
+
+@fairqueue.task(name="t.hold", max_attempts=1)
+def hold(gate: str, release: str) -> str:
+    """Signals ``gate`` when running, then waits for ``release`` (set by the test)."""
+    GATES[gate].set()
+    GATES[release].wait(30)
+    return "released"
+
+
+@fairqueue.task(name="t.context", pass_context=True)
+def context(ctx: fairqueue.JobContext) -> dict[str, Any]:
+    return {"job_id": ctx.job_id, "attempt": ctx.attempt, "channel": ctx.channel, "kind": ctx.kind}
+
+
+@fairqueue.task(name="t.effect", pass_context=True, max_attempts=5, retry_backoff=0.05, retry_backoff_max=0.2)
+def effect(ctx: fairqueue.JobContext, ms: float = 0.0, fail: bool = False) -> int:
+    """Writes one row in the job's own transaction: committed exactly when the job's success is."""
+    ctx.connection.execute(
+        f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, note) VALUES (%s, %s, %s)", (ctx.job_id, ctx.attempt, "x")
+    )
+    if ms:
+        time.sleep(ms / 1000)
+    if fail:
+        raise RuntimeError("failing after writing")
+    return ctx.job_id
+
+
+@fairqueue.task(name="t.effect_then_wait", pass_context=True, max_attempts=3, retry_backoff=0.05)
+def effect_then_wait(ctx: fairqueue.JobContext, gate: str, release: str) -> None:
+    ctx.session.connection().exec_driver_sql(
+        f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, note) VALUES (%s, %s, 'session')", (ctx.job_id, ctx.attempt)
+    )
+    GATES[gate].set()
+    GATES[release].wait(30)
+
+
+@fairqueue.task(name="t.sleep_ms")
+def sleep_ms(ms: float) -> int:
+    time.sleep(ms / 1000)
+    return os.getpid()
+
+
+@fairqueue.task(name="t.bad_result")
+def bad_result() -> object:
+    return {1, 2, 3}

@@ -1,0 +1,253 @@
+"""Reliability under faults, with real `fairqueue worker` processes and a real PostgreSQL.
+
+Every scenario runs thousands of transactional jobs (each writes one row in its completion
+transaction) and then checks the same things: every committed job succeeded, none was lost, every
+attempt is in the history, and no job's effect was committed twice. Faults are injected when the
+database says the run has reached a given point, never after a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue import migrations
+from fairqueue.embedded import LocalPostgres
+from tests import worker_tasks as t
+from tests.helpers import assert_consistent, count
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER_ARGS = ["--import", "tests.worker_tasks", "--lease", "2", "--poll-interval", "0.2", "--grace", "5"]
+
+
+class Fleet:
+    """Worker processes of one test; whatever is still running at teardown is killed."""
+
+    def __init__(self, url: str, logs: Path) -> None:
+        self.url = url
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *extra: str, concurrency: int = 4) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"worker-{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fairqueue", "worker", *WORKER_ARGS, "--concurrency", str(concurrency), *extra],
+            cwd=REPO,
+            env=dict(os.environ, FAIRQUEUE_DATABASE_URL=self.url),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def output(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logs.glob("worker-*.log")))
+
+    def stop(self) -> list[int]:
+        for p in self.alive():
+            p.send_signal(signal.SIGTERM)
+        return [p.wait(30) for p in self.procs]
+
+    def kill_all(self) -> None:
+        for p in self.alive():
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def fleet_for(tmp_path: Path) -> Iterator[Callable[[str], Fleet]]:
+    fleets: list[Fleet] = []
+
+    def make(url: str) -> Fleet:
+        fleet = Fleet(url, tmp_path)
+        fleets.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.kill_all()
+
+
+def enqueue_effects(conn: psycopg.Connection[Any], n: int, *, ms: float, channels: int = 5) -> list[int]:
+    conn.execute(t.CREATE_EFFECTS)
+    conn.execute(f"TRUNCATE {t.EFFECTS_TABLE}")
+    with conn.transaction():
+        return fairqueue.enqueue_many(
+            conn, [t.effect.using(channel=f"tenant-{i % channels}").spec(ms=ms) for i in range(n)]
+        )
+
+
+def succeeded(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM fairqueue.completed_job WHERE final AND outcome = 'succeeded'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def wait_until(predicate: Callable[[], bool], fleet: Fleet, timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}\n{fleet.output()}")
+        time.sleep(0.05)
+
+
+def assert_every_job_ran_exactly_once(conn: psycopg.Connection[Any], ids: list[int]) -> dict[str, int]:
+    """Every job succeeded once; its effect row is there once, from the attempt that succeeded."""
+    assert count(conn, "job") == 0
+    final = dict(
+        conn.execute(
+            "SELECT job_id, attempt FROM fairqueue.completed_job WHERE final AND outcome = 'succeeded'"
+        ).fetchall()
+    )
+    assert sorted(final) == sorted(ids), "some committed jobs did not succeed"
+    effects = conn.execute(f"SELECT job_id, attempt FROM {t.EFFECTS_TABLE}").fetchall()
+    assert len(effects) == len(ids), "a job's effects were committed twice (or not at all)"
+    assert dict(effects) == final, "an effect came from an attempt other than the one recorded as succeeded"
+    outcomes = dict(conn.execute("SELECT outcome, count(*) FROM fairqueue.completed_job GROUP BY outcome").fetchall())
+    attempts = conn.execute(
+        "SELECT job_id, array_agg(attempt ORDER BY attempt) FROM fairqueue.completed_job GROUP BY job_id"
+    ).fetchall()
+    for job_id, numbers in attempts:
+        assert numbers == list(range(1, len(numbers) + 1)), f"job {job_id} has gaps in its attempts: {numbers}"
+    assert_consistent(conn)
+    return outcomes
+
+
+def holds_jobs(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM fairqueue.running_job r JOIN fairqueue.worker w ON w.id = r.worker_id "
+        "WHERE (w.info->>'pid')::int = %s",
+        (proc.pid,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_kill_9_of_random_workers_loses_no_job_and_duplicates_no_effect(
+    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet]
+) -> None:
+    ids = enqueue_effects(conn, 3000, ms=20)
+    fleet = fleet_for(db_url)
+    for _ in range(3):
+        fleet.start()
+    rng = random.Random(7)
+    for threshold in (400, 1200, 2000):
+        wait_until(lambda th=threshold: succeeded(conn) >= th, fleet, what=f"{threshold} jobs")
+        victim = rng.choice(fleet.alive())
+        wait_until(lambda v=victim: holds_jobs(conn, v), fleet, what="the victim to hold jobs")
+        victim.kill()  # SIGKILL: no goodbye, its lease has to expire
+        victim.wait()
+        fleet.start()
+    wait_until(lambda: count(conn, "job") == 0, fleet, what="every job to finish")
+    outcomes = assert_every_job_ran_exactly_once(conn, ids)
+    assert outcomes.get("lost", 0) >= 3, outcomes  # the killed workers' jobs, recorded and re-run
+    assert sorted(fleet.stop()) == [-signal.SIGKILL] * 3 + [0] * 3
+
+
+def test_workers_ride_out_a_postgresql_restart(fleet_for: Callable[[str], Fleet], tmp_path: Path) -> None:
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+        migrations.upgrade(server.url)
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            ids = enqueue_effects(conn, 2000, ms=2)
+        fleet = fleet_for(server.url)
+        fleet.start()
+        fleet.start()
+
+        def done() -> int:
+            try:
+                with psycopg.connect(server.url, autocommit=True) as c:
+                    return succeeded(c)
+            except psycopg.OperationalError:
+                return 0  # the server is restarting
+
+        wait_until(lambda: done() >= 500, fleet, what="500 jobs")
+        server.restart(mode="immediate")  # a crash: no checkpoint, every connection cut
+        wait_until(lambda: done() == len(ids), fleet, what="every job after the restart")
+        assert len(fleet.alive()) == 2, fleet.output()
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            assert_every_job_ran_exactly_once(conn, ids)
+        assert fleet.stop() == [0, 0]
+        assert "reconnect" in fleet.output() or "retrying" in fleet.output()
+
+
+def test_terminated_worker_connections_lose_no_job(
+    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet]
+) -> None:
+    ids = enqueue_effects(conn, 2000, ms=2)
+    fleet = fleet_for(db_url)
+    fleet.start()
+    fleet.start()
+    for threshold in (300, 900, 1500):
+        wait_until(lambda th=threshold: succeeded(conn) >= th, fleet, what=f"{threshold} jobs")
+        [(killed,)] = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'fairqueue %%' AND datname = current_database()"
+        ).fetchall()
+        assert killed >= 6  # dispatcher, listener and maintenance of both, plus handler connections
+    wait_until(lambda: count(conn, "job") == 0, fleet, what="every job to finish")
+    assert len(fleet.alive()) == 2
+    assert_every_job_ran_exactly_once(conn, ids)
+    assert fleet.stop() == [0, 0]
+
+
+def test_a_producer_transaction_held_open_blocks_nobody(
+    conn: psycopg.Connection[Any],
+    connect: Callable[..., psycopg.Connection[Any]],
+    db_url: str,
+    fleet_for: Callable[[str], Fleet],
+) -> None:
+    fleet = fleet_for(db_url)
+    fleet.start()
+    fleet.start()
+    slow_producer = connect(autocommit=False)
+    held = t.add.using(channel="shared").enqueue(slow_producer, 1000)  # not committed yet
+    others = [t.add.using(channel=("shared", "elsewhere")[i % 2]).enqueue(conn, i) for i in range(200)]
+    # Other producers, of the same channel and of another, went ahead; workers ran all their jobs.
+    wait_until(lambda: all(_final(conn, j) for j in others), fleet, what="the other producers' jobs")
+    assert fairqueue.get_job(conn, held) is None  # invisible until its transaction commits
+    slow_producer.commit()
+    wait_until(lambda: _final(conn, held) == "succeeded", fleet, timeout=10, what="the held job after commit")
+    assert fleet.stop() == [0, 0]
+
+
+def _final(conn: psycopg.Connection[Any], job_id: int) -> str | None:
+    info = fairqueue.get_job(conn, job_id)
+    return info.status if info is not None and info.finished else None
+
+
+def test_sigterm_lets_a_running_job_finish_and_a_second_signal_aborts(
+    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet]
+) -> None:
+    fleet = fleet_for(db_url)
+    graceful = t.sleep_ms.enqueue(conn, 1500)
+    proc = fleet.start(concurrency=1)
+    wait_until(lambda: holds_jobs(conn, proc), fleet, what="the job to start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    assert _final(conn, graceful) == "succeeded"
+
+    aborted = t.sleep_ms.using(max_attempts=3).enqueue(conn, 60_000)
+    proc = fleet.start(concurrency=1)
+    wait_until(lambda: holds_jobs(conn, proc), fleet, what="the long job to start")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 1
+    info = fairqueue.get_job(conn, aborted)
+    assert info is not None and not info.finished
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost")]
+    assert count(conn, "worker") == 0

@@ -1,7 +1,7 @@
--- fairqueue schema, version 2: operator retry and the maintenance entry point.
+-- fairqueue schema, version 2: operator retry, the maintenance entry point, producers always notify.
 --
 -- Applied as-is by alembic/versions/fq0002 (and by the Django migration that wraps this file).
--- Adds functions only; no table changes.
+-- Functions only; no table changes.
 
 -- Runs a job again by id. Returns:
 --   'retried'      it had ended (failed, timed out, cancelled, lost, dependency failed): it is queued
@@ -70,4 +70,39 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM fairqueue._intake(clock_timestamp());
     RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
+END $$;
+
+-- Producers notify workers on every covered channel, active or not (version 1 only notified when
+-- it wrote a wakeup row). An active channel already has ready jobs a claim will find, but the
+-- workers may all be idle, waiting for a notification: without one, a job enqueued into a busy
+-- channel waited for the next poll. Still one notification per channel per transaction at most
+-- (PostgreSQL also folds identical notifications of one transaction into one).
+CREATE OR REPLACE FUNCTION fairqueue._wake_channel(p_channel text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key   text := md5(p_channel);
+    v_done  text := coalesce(current_setting('fairqueue.covered_channels', true), '');
+    v_locks integer;
+BEGIN
+    IF strpos(v_done, v_key) > 0 THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('fairqueue', '');
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- bound the advisory locks one transaction can hold (shared lock table)
+        v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+        IF v_locks < 64 THEN
+            PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
+            PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+            IF EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = p_channel AND active) THEN
+                PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
+    IF length(v_done) < 256 * 33 THEN  -- remember up to 256 channels
+        PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+    END IF;
 END $$;

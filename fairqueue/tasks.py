@@ -17,7 +17,7 @@ import inspect
 import random
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, overload
@@ -79,6 +79,8 @@ class JobContext:
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _opener: Callable[[], Session] | None = field(default=None, repr=False)
     _session: Session | None = field(default=None, repr=False)
+    _async_opener: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = field(default=None, repr=False)
+    _async_connection: psycopg.AsyncConnection[Any] | None = field(default=None, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -97,7 +99,8 @@ class JobContext:
         if self._session is None:
             if self._opener is None:
                 raise ConfigurationError(
-                    "this context has no database transaction (only sync handlers run by a worker get one)"
+                    "this context has no synchronous database transaction"
+                    + (": async handlers use `await ctx.async_connection()`" if self._async_opener else "")
                 )
             self._session = self._opener()
         return self._session
@@ -111,9 +114,20 @@ class JobContext:
         conn: psycopg.Connection[Any] = raw
         return conn
 
+    async def async_connection(self) -> psycopg.AsyncConnection[Any]:
+        """For ``async def`` handlers: a psycopg 3 AsyncConnection in the transaction that will record
+        this job's completion (the async counterpart of :attr:`session`, with the same guarantees)."""
+        if self._async_connection is None:
+            if self._async_opener is None:
+                raise ConfigurationError(
+                    "this context has no asynchronous database transaction (sync handlers use ctx.session)"
+                )
+            self._async_connection = await self._async_opener()
+        return self._async_connection
+
     @property
     def transactional(self) -> bool:
-        return self._session is not None
+        return self._session is not None or self._async_connection is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +199,9 @@ class Task[**P, R]:
         stored: dict[str, Any] = {}
         for name, value in bound.arguments.items():
             if self._arg_signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                clash = sorted(set(value) & set(stored))
+                if clash:
+                    raise BadArgumentsError(f"task {self.name}: {clash} given both by position and by keyword")
                 stored.update(value)
             else:
                 stored[name] = value
@@ -368,24 +385,27 @@ def task[**P, R](
     - ``retry_backoff`` / ``retry_backoff_max`` / ``retry_jitter``: exponential backoff between attempts.
     - ``pass_context``: the handler's first parameter receives a :class:`JobContext`.
     """
-    channel_ = check_text("channel", channel, max_len=200)
-    attempts = check_max_attempts(settings.default_max_attempts if max_attempts is None else max_attempts)
-    timeout_ = None if timeout is None else check_seconds("timeout", timeout)
-    base = check_seconds("retry_backoff", retry_backoff)
-    cap = check_seconds("retry_backoff_max", retry_backoff_max)
+    try:
+        channel_ = check_text("channel", channel, max_len=200)
+        attempts = check_max_attempts(settings.default_max_attempts if max_attempts is None else max_attempts)
+        timeout_ = None if timeout is None else check_seconds("timeout", timeout)
+        base = check_seconds("retry_backoff", retry_backoff)
+        cap = check_seconds("retry_backoff_max", retry_backoff_max)
+    except InvalidJobError as exc:
+        raise ConfigurationError(f"@fairqueue.task: {exc}") from None
     if cap < base:
         raise ConfigurationError("retry_backoff_max must be at least retry_backoff")
     backoff = Backoff(base, cap, bool(retry_jitter))
 
-    def register(f: Callable[..., R]) -> Task[P, R]:
+    def register(f: Callable[..., R], stacklevel: int = 2) -> Task[P, R]:
         if not callable(f):
             raise ConfigurationError(f"@fairqueue.task decorates a function, not {type(f).__name__}")
-        task_name = name or f"{f.__module__}.{f.__qualname__}"
+        task_name = f"{f.__module__}.{f.__qualname__}" if name is None else name
         check_text("task name", task_name)
         if name is None and (f.__module__ == "__main__" or "<locals>" in f.__qualname__):
             warnings.warn(
                 f"task {task_name!r} has no stable name (a worker cannot import it); pass name=...",
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         t: Task[P, R] = Task(
             f,
@@ -400,5 +420,5 @@ def task[**P, R](
         return t
 
     if fn is not None:
-        return register(fn)
+        return register(fn, 3)  # bare @task: the warning belongs to the caller of task()
     return register

@@ -46,10 +46,13 @@ def to_libpq(url: str) -> str:
         )
     libpq = "postgresql://" + rest
     try:
-        psycopg.conninfo.conninfo_to_dict(libpq)
+        given = psycopg.conninfo.conninfo_to_dict(libpq)
     except psycopg.ProgrammingError as exc:
         message = str(exc).replace(url, redact(url)).replace(libpq, redact(libpq))
         raise ConfigurationError(f"malformed database URL {redact(url)!r}: {message}") from None
+    for port in str(given.get("port") or "").split(","):
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"malformed database URL {redact(url)!r}: port {port!r} is not a port number")
     return libpq
 
 

@@ -219,6 +219,7 @@ class Worker:
         self._slot_threads = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engine: Any = None
+        self._async_pool: list[psycopg.AsyncConnection[Any]] = []  # used on the event loop thread only
         self._db = _Connection(self, "dispatcher")
         self._listener_db = _Connection(self, "listener")
         self._maintenance_db = _Connection(self, "maintenance")
@@ -541,6 +542,8 @@ class Worker:
             return
         task = r.task
         assert task is not None
+        if task.pass_context:
+            r.ctx._async_opener = self._open_async_connection
         try:
             positional, keywords = task.call_arguments(r.job.args)
             if task.pass_context:
@@ -549,7 +552,9 @@ class Worker:
             async with asyncio.timeout(r.ctx.timeout):
                 result = await coro
             outcome = self._check_result(r, result)
-            if outcome is None:
+            if outcome is None and r.ctx._async_connection is not None:
+                outcome = await self._commit_async_with_completion(r, result)
+            elif outcome is None:
                 outcome = Outcome(r.job.id, "succeeded", result=result)
         except TimeoutError:
             outcome = self._timed_out(r)
@@ -559,6 +564,8 @@ class Worker:
             outcome = Outcome(r.job.id, "cancelled", error="cancelled while running")
         except Exception as exc:
             outcome = self._failure(r, exc)
+        finally:
+            await self._put_back_async_connection(r)
         if self._settle(r):
             self._complete(r, outcome)
 
@@ -645,6 +652,51 @@ class Worker:
                 "failed",
                 error=f"could not commit the job's transaction: {' '.join(str(exc).split())}",
                 retry_in=self._retry_in(r) if r.job.attempt < r.job.max_attempts else None,
+            )
+
+    async def _open_async_connection(self) -> psycopg.AsyncConnection[Any]:
+        while self._async_pool:
+            conn = self._async_pool.pop()
+            if not conn.closed and not conn.broken:
+                return conn
+        return await psycopg.AsyncConnection.connect(self.libpq_url, application_name="fairqueue handler")
+
+    async def _put_back_async_connection(self, r: _Running) -> None:
+        conn, r.ctx._async_connection = r.ctx._async_connection, None
+        if conn is None:
+            return
+        try:
+            await conn.rollback()  # no-op after a commit; undoes the handler's writes otherwise
+        except psycopg.Error:
+            await conn.close()
+            return
+        if len(self._async_pool) < self.config.concurrency:
+            self._async_pool.append(conn)
+        else:
+            await conn.close()
+
+    async def _commit_async_with_completion(self, r: _Running, result: Any) -> Outcome | None:
+        """The async twin of :meth:`_commit_with_completion`."""
+        conn = r.ctx._async_connection
+        assert conn is not None
+        try:
+            encoded = check_result(result, limit=settings.max_result_bytes)
+            async with conn.cursor() as cur:
+                await cur.execute(sql.FINISH, (r.worker_id, [r.job.id], ["succeeded"], [encoded], [None], [None]))
+                recorded = await cur.fetchall()
+            if not recorded:
+                await conn.rollback()
+                log.warning("job was taken from this worker; its transaction was rolled back", extra=self._fields(r))
+                return None
+            await conn.commit()
+            self._count_finished(r, "succeeded")
+            return None
+        except Exception as exc:
+            return Outcome(
+                r.job.id,
+                "failed",
+                error=f"could not commit the job's transaction: {' '.join(str(exc).split())}",
+                retry_in=self._retry_in(r),
             )
 
     # -- outcomes -----------------------------------------------------------------------------------

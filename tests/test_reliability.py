@@ -8,6 +8,7 @@ database says the run has reached a given point, never after a fixed sleep.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -99,6 +100,10 @@ def succeeded(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def reached(conn: psycopg.Connection[Any], n: int) -> bool:
+    return succeeded(conn) >= n
+
+
 def wait_until(predicate: Callable[[], bool], fleet: Fleet, timeout: float = 120.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -147,9 +152,9 @@ def test_kill_9_of_random_workers_loses_no_job_and_duplicates_no_effect(
         fleet.start()
     rng = random.Random(7)
     for threshold in (400, 1200, 2000):
-        wait_until(lambda th=threshold: succeeded(conn) >= th, fleet, what=f"{threshold} jobs")
+        wait_until(functools.partial(reached, conn, threshold), fleet, what=f"{threshold} jobs")
         victim = rng.choice(fleet.alive())
-        wait_until(lambda v=victim: holds_jobs(conn, v), fleet, what="the victim to hold jobs")
+        wait_until(functools.partial(holds_jobs, conn, victim), fleet, what="the victim to hold jobs")
         victim.kill()  # SIGKILL: no goodbye, its lease has to expire
         victim.wait()
         fleet.start()
@@ -193,7 +198,7 @@ def test_terminated_worker_connections_lose_no_job(
     fleet.start()
     fleet.start()
     for threshold in (300, 900, 1500):
-        wait_until(lambda th=threshold: succeeded(conn) >= th, fleet, what=f"{threshold} jobs")
+        wait_until(functools.partial(reached, conn, threshold), fleet, what=f"{threshold} jobs")
         [(killed,)] = conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE application_name LIKE 'fairqueue %%' AND datname = current_database()"

@@ -211,6 +211,18 @@ def test_a_failing_transactional_handler_leaves_none_of_its_writes(
     assert count_effects(conn) == 0
 
 
+def test_an_async_transactional_handler_commits_or_rolls_back_with_its_job(
+    conn: psycopg.Connection[Any], start_worker: Starter, effects: None
+) -> None:
+    ok = t.async_effect.enqueue(conn)
+    failing = t.async_effect.enqueue(conn, fail=True)
+    start_worker()
+    assert finished(conn, ok).result == ok
+    info = finished(conn, failing)
+    assert (info.status, info.attempt) == ("failed", 2)
+    assert conn.execute(f"SELECT job_id, attempt, note FROM {t.EFFECTS_TABLE}").fetchall() == [(ok, 1, "async")]
+
+
 def count_effects(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(f"SELECT count(*) FROM {t.EFFECTS_TABLE}").fetchone()
     assert row is not None

@@ -115,3 +115,15 @@ def sleep_ms(ms: float) -> int:
 @fairqueue.task(name="t.bad_result")
 def bad_result() -> object:
     return {1, 2, 3}
+
+
+@fairqueue.task(name="t.async_effect", pass_context=True, max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.1)
+async def async_effect(ctx: fairqueue.JobContext, fail: bool = False) -> int:
+    """The async twin of t.effect: its write commits exactly when the job's success does."""
+    conn = await ctx.async_connection()
+    await conn.execute(
+        f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, note) VALUES (%s, %s, 'async')", (ctx.job_id, ctx.attempt)
+    )
+    if fail:
+        raise RuntimeError("failing after writing")
+    return ctx.job_id

@@ -1,0 +1,124 @@
+"""`fairqueue demo` as a user runs it: Alice's one job starts long before Bob's backlog is drained, and the
+demo's worker processes are gone when it exits."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue.urls import database_name
+from tests.helpers import count
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_ARGS = ["--bob-jobs", "600", "--workers", "2"]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "FAIRQUEUE_DATABASE_URL"}
+
+
+def workers_of(dbname: str) -> list[int]:
+    """Pids of live `fairqueue worker` processes for database ``dbname``, found by their command line or,
+    as the demo passes the URL in the environment, by $FAIRQUEUE_DATABASE_URL."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            environ = dict(e.partition(b"=")[::2] for e in (entry / "environ").read_bytes().split(b"\0"))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        command = " ".join(argv)
+        if "fairqueue worker" not in command:
+            continue
+        url = environ.get(b"FAIRQUEUE_DATABASE_URL", b"").decode(errors="replace")
+        if dbname in command or dbname in url:
+            pids.append(int(entry.name))
+    return pids
+
+
+def other_sessions(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as c:
+        row = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.slow
+def test_alices_job_runs_early_and_no_worker_is_left_behind(empty_database_url: str, tmp_path: Path) -> None:
+    dbname = database_name(empty_database_url)
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"
+    # output to files, not pipes: a worker left behind would hold a pipe open and hang the test
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fairqueue", "demo", "--database-url", empty_database_url, *DEMO_ARGS],
+            cwd=REPO,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    saw_workers = False
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the demo did not finish in time"
+            saw_workers = saw_workers or bool(workers_of(dbname))
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = out.read_text()
+    assert proc.returncode == 0, output + err.read_text()
+
+    found = re.search(r"Alice's job was job #([\d,]+) of ([\d,]+) to start", output)
+    assert found, output
+    position, total = (int(g.replace(",", "")) for g in found.groups())
+    assert total == 601 and position <= 20, output
+    waiting = re.search(r"while ([\d,]+) of Bob's jobs were still waiting", output)
+    assert waiting, output
+    assert int(waiting[1].replace(",", "")) >= 400, output
+    assert "workers exited with [0, 0]" in output, output
+
+    assert saw_workers, "never saw the demo's workers: the check below would prove nothing"
+    assert workers_of(dbname) == []
+    # and nothing of theirs is still connected (a backend ends a moment after its client is gone)
+    deadline = time.monotonic() + 10
+    while other_sessions(empty_database_url):
+        assert time.monotonic() < deadline, "sessions of the demo are still connected"
+        time.sleep(0.05)
+
+
+def test_the_demo_refuses_a_database_that_already_has_jobs(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    job_id = fairqueue.enqueue(conn, "someone.elses", {"n": 1})
+    result = subprocess.run(
+        [sys.executable, "-m", "fairqueue", "demo", "--database-url", db_url, "--bob-jobs", "10", "--workers", "1"],
+        cwd=REPO,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fairqueue: error: "), result.stderr
+    assert "already holds 1 job" in lines[0] and "empty database" in lines[0]
+    # nothing was added or started
+    assert count(conn, "job") == 1 and count(conn, "worker") == 0
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status == "ready"

@@ -84,7 +84,8 @@ class JobContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once someone cancelled this job: stop early (the worker records it as cancelled)."""
+        """True once someone cancelled this job. The worker has then already recorded it as
+        cancelled and freed its slot; whatever the handler still does is not recorded."""
         return self._cancel.is_set()
 
     @property

@@ -47,7 +47,9 @@ def _check_json_keys(value: object, path: str) -> None:
             _check_json_keys(item, f"{path}[{i}]")
 
 
-def encode_json(what: str, value: object, *, limit: int, require_object: bool) -> str:
+def encode_json(
+    what: str, value: object, *, limit: int, require_object: bool, setting: str = "FAIRQUEUE_MAX_ARGS_BYTES"
+) -> str:
     """Encodes ``value`` as compact JSON text for a jsonb column, or raises InvalidJobError."""
     if require_object and not isinstance(value, dict):
         raise InvalidJobError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
@@ -61,8 +63,7 @@ def encode_json(what: str, value: object, *, limit: int, require_object: bool) -
     size = len(text.encode("utf-8"))
     if size > limit:
         raise InvalidJobError(
-            f"{what} take {size} bytes as JSON, above the limit of {limit} bytes "
-            f"(fairqueue.settings / FAIRQUEUE_MAX_ARGS_BYTES)"
+            f"{what} takes {size} bytes as JSON, above the limit of {limit} bytes (fairqueue.settings / {setting})"
         )
     return text
 
@@ -165,4 +166,4 @@ def check_channel_settings(
 def check_result(value: Any, *, limit: int) -> str | None:
     if value is None:
         return None
-    return encode_json("result", value, limit=limit, require_object=False)
+    return encode_json("result", value, limit=limit, require_object=False, setting="FAIRQUEUE_MAX_RESULT_BYTES")

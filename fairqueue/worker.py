@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ T = TypeVar("T")
 
 MAX_ERROR_CHARS = 32_000
 LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
+STOP_TRIES_FOR = 30.0  # seconds to keep stopping an abandoned handler before leaving its thread be
 EXIT_OK = 0
 EXIT_ABORTED = 1
 
@@ -119,6 +121,9 @@ class _Running:
     deadline: float | None = None
     state: str = "queued"  # queued -> running -> settling -> done | abandoned | released
     thread_id: int | None = None
+    thread_done: bool = False  # its slot thread left the job (set under lock)
+    stop_with: type[BaseException] | None = None  # the exception injected into an abandoned handler
+    abandoned_at: float = 0.0
     future: Future[None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -142,7 +147,7 @@ class _Connection:
     def get(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed:
             self.conn = psycopg.connect(
-                self.worker.libpq_url, autocommit=True, application_name=f"fairqueue {self.role}"
+                self.worker.libpq_url, autocommit=True, application_name=f"fairqueue {self.role}", connect_timeout=10
             )
             self.on_open(self.conn)
         return self.conn
@@ -220,6 +225,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._engine: Any = None
         self._async_pool: list[psycopg.AsyncConnection[Any]] = []  # used on the event loop thread only
+        self._stopping_threads: list[_Running] = []  # abandoned sync handlers not yet stopped
         self._db = _Connection(self, "dispatcher")
         self._listener_db = _Connection(self, "listener")
         self._maintenance_db = _Connection(self, "maintenance")
@@ -326,6 +332,8 @@ class Worker:
             self._wake.clear()  # before looking: a wake-up from now on makes the wait below return at once
             self._collect_completions()
             self._enforce_deadlines_and_cancels()
+            if self._stopping_threads:
+                self._repeat_stops()
             now = time.monotonic()
             free = cfg.concurrency - len(self._inflight)
             # A freed slot waits a moment (LINGER) for others, so claims and finishes stay batched.
@@ -369,8 +377,10 @@ class Worker:
             elif free > 0 and self._freed_at is not None:
                 timeout = min(timeout, self._freed_at + LINGER - now)
             for r in self._inflight.values():
-                if r.deadline is not None and r.state == "running":
+                if r.deadline is not None and r.state == "running" and r.future is None:
                     timeout = min(timeout, r.deadline - now)
+            if self._stopping_threads:
+                timeout = min(timeout, 0.05)
             if timeout > 0:
                 self._wake.wait(timeout)
 
@@ -384,10 +394,12 @@ class Worker:
         except UnknownWorkerError:
             self._lease_lost = True
             return 0
-        except psycopg.Error:
-            if self._stopping.is_set():
-                return 0
-            raise
+        except psycopg.Error as exc:
+            if not self._stopping.is_set():
+                # not a connection problem (those are retried inside): log it, never let it stop the worker
+                log.error("claim failed; retrying shortly", extra={"error": " ".join(str(exc).split())})
+                self._aborted.wait(1.0)
+            return 0
         self.metrics.claim_round_trip(time.monotonic() - started, len(jobs))
         if self._db.reopened:
             # a claim whose answer was lost may have handed us jobs we do not know about
@@ -432,6 +444,7 @@ class Worker:
         if task is not None and task.is_async:
             assert self._loop is not None
             r.future = asyncio.run_coroutine_threadsafe(self._run_async(r), self._loop)
+            r.future.add_done_callback(functools.partial(self._async_finished, r))
         else:
             with self._work_ready:
                 self._work.append(r)
@@ -470,17 +483,20 @@ class Worker:
     # -- running handlers ---------------------------------------------------------------------------
 
     def _slot_loop(self) -> None:
-        while True:
-            with self._work_ready:
-                while not self._work:
-                    if self._stopped.is_set():
-                        return
-                    self._work_ready.wait(1.0)
-                r = self._work.pop(0)
-            with contextlib.suppress(BaseException):  # an exception injected after the handler ended
-                self._run_sync(r)
-            if r.state == "abandoned":
-                return  # a replacement slot thread was started when this job was abandoned
+        with contextlib.suppress(BaseException):  # a stop injected as this thread leaves
+            while True:
+                with self._work_ready:
+                    while not self._work:
+                        if self._stopped.is_set():
+                            return
+                        self._work_ready.wait(1.0)
+                    r = self._work.pop(0)
+                with contextlib.suppress(BaseException):  # an exception injected after the handler ended
+                    self._run_sync(r)
+                with r.lock:
+                    r.thread_done = True
+                    if r.state == "abandoned":
+                        return  # a replacement slot thread was started when this job was abandoned
 
     def _begin(self, r: _Running) -> bool:
         with r.lock:
@@ -506,15 +522,17 @@ class Worker:
             return
         task = r.task
         if task is None:
-            self._complete(r, self._unknown_task(r))
+            if self._settle(r):
+                self._complete(r, self._unknown_task(r))
             return
+        arguments = self._arguments(r, task)
+        if arguments is None:
+            return
+        positional, keywords = arguments
         if task.pass_context:
             r.ctx._opener = self._open_session
         try:
             try:
-                positional, keywords = task.call_arguments(r.job.args)
-                if task.pass_context:
-                    positional.insert(0, r.ctx)
                 result = task.fn(*positional, **keywords)
                 encoded_ok = self._check_result(r, result)
             except BaseException as exc:
@@ -542,22 +560,25 @@ class Worker:
             return
         task = r.task
         assert task is not None
+        arguments = self._arguments(r, task)
+        if arguments is None:
+            return
+        positional, keywords = arguments
         if task.pass_context:
             r.ctx._async_opener = self._open_async_connection
+        deadline: asyncio.Timeout | None = None
         try:
-            positional, keywords = task.call_arguments(r.job.args)
-            if task.pass_context:
-                positional.insert(0, r.ctx)
             coro = task.fn(*positional, **keywords)
-            async with asyncio.timeout(r.ctx.timeout):
+            async with asyncio.timeout(r.ctx.timeout) as deadline:
                 result = await coro
             outcome = self._check_result(r, result)
             if outcome is None and r.ctx._async_connection is not None:
                 outcome = await self._commit_async_with_completion(r, result)
             elif outcome is None:
                 outcome = Outcome(r.job.id, "succeeded", result=result)
-        except TimeoutError:
-            outcome = self._timed_out(r)
+        except TimeoutError as exc:
+            # ours only if our deadline fired; a handler's own TimeoutError is an ordinary failure
+            outcome = self._timed_out(r) if deadline is not None and deadline.expired() else self._failure(r, exc)
         except asyncio.CancelledError:
             if not r.ctx.cancel_requested:
                 raise
@@ -568,6 +589,38 @@ class Worker:
             await self._put_back_async_connection(r)
         if self._settle(r):
             self._complete(r, outcome)
+
+    def _arguments(self, r: _Running, task: Task[Any, Any]) -> tuple[list[Any], dict[str, Any]] | None:
+        """The handler's arguments from the job's args; None (and the job failed for good) if they do
+        not fit its signature: retrying cannot help."""
+        try:
+            positional, keywords = task.call_arguments(r.job.args)
+        except BadArgumentsError as exc:
+            if self._settle(r):
+                self._complete(r, Outcome(r.job.id, "failed", error=f"bad arguments: {exc}"))
+            return None
+        if task.pass_context:
+            positional.insert(0, r.ctx)
+        return positional, keywords
+
+    def _async_finished(self, r: _Running, future: Future[None]) -> None:
+        """Records an outcome for an async job whose coroutine did not record one itself: cancelled
+        (the cancel reaches the coroutine later, if ever: the loop may be blocked), or ended by an
+        error of the runtime."""
+        if future.cancelled():
+            started = r.state == "running"
+            outcome = Outcome(
+                r.job.id, "cancelled", error="cancelled while running" if started else "cancelled before it started"
+            )
+        elif (exc := future.exception()) is not None:
+            outcome = self._failure(r, exc)
+        else:
+            return
+        with r.lock:
+            if r.state not in ("queued", "running"):
+                return
+            r.state = "settling"
+        self._complete(r, outcome)
 
     def _check_result(self, r: _Running, result: Any) -> Outcome | None:
         try:
@@ -591,7 +644,8 @@ class Worker:
         return r.task.backoff.delay(r.job.attempt) if r.task else min(300.0, 2.0**r.job.attempt)
 
     def _timed_out(self, r: _Running) -> Outcome:
-        return Outcome(r.job.id, "timed_out", error=f"timed out after {r.ctx.timeout:g} s", retry_in=self._retry_in(r))
+        limit = f"{r.ctx.timeout:g} s" if r.ctx.timeout is not None else "its time limit"
+        return Outcome(r.job.id, "timed_out", error=f"timed out after {limit}", retry_in=self._retry_in(r))
 
     def _failure(self, r: _Running, exc: BaseException) -> Outcome:
         if isinstance(exc, JobTimeout):
@@ -600,8 +654,6 @@ class Worker:
             )
         if isinstance(exc, JobCancelled):
             return Outcome(r.job.id, "cancelled", error="cancelled while running")
-        if isinstance(exc, BadArgumentsError):
-            return Outcome(r.job.id, "failed", error=f"bad arguments: {exc}")  # retrying cannot help
         text = "".join(traceback.format_exception(exc))
         if len(text) > MAX_ERROR_CHARS:
             text = text[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + text[-MAX_ERROR_CHARS // 2 :]
@@ -619,6 +671,7 @@ class Worker:
                 pool_size=self.config.concurrency,
                 max_overflow=self.config.concurrency,
                 pool_pre_ping=True,
+                connect_args={"application_name": "fairqueue handler"},
             )
         return Session(self._engine)
 
@@ -732,8 +785,13 @@ class Worker:
             outcomes = [d.outcome for d in items if d.outcome is not None]
             try:
                 recorded = self._finish(worker_id, outcomes)
-            except psycopg.Error:
-                return  # aborting: the jobs go back to the queue when this worker deregisters or expires
+            except psycopg.Error as exc:
+                if self._aborted.is_set():
+                    return  # the jobs go back to the queue when this worker deregisters or expires
+                # not a connection problem: keep the outcomes (the jobs stay ours) and try again shortly
+                log.error("could not record outcomes; retrying", extra={"error": " ".join(str(exc).split())})
+                self._aborted.wait(1.0)
+                return
             got = {f.job_id: f for f in recorded}
             for d in items:
                 assert d.outcome is not None
@@ -779,18 +837,38 @@ class Worker:
             if r.deadline is not None and now >= r.deadline and r.state == "running" and r.future is None:
                 self._abandon(r, self._timed_out(r), JobTimeout)
 
+    def _repeat_stops(self) -> None:
+        """Injects the stop again into abandoned handlers that are still running: on CPython 3.12
+        another thread can consume the pending-exception signal, losing an injection."""
+        still = []
+        now = time.monotonic()
+        for r in self._stopping_threads:
+            with r.lock:
+                if r.thread_done or r.thread_id is None or r.stop_with is None:
+                    continue
+                if now - r.abandoned_at > STOP_TRIES_FOR:
+                    log.error("a stopped handler is still running (blocked outside Python?)", extra=self._fields(r))
+                    continue
+                _set_async_exc(r.thread_id, r.stop_with)
+            still.append(r)
+        self._stopping_threads = still
+
     def _abandon(self, r: _Running, outcome: Outcome, exc: type[BaseException]) -> None:
         """Ends a running job now: records ``outcome``, asks the handler to stop, frees its slot."""
-        if r.future is not None:  # async: cancelling the task is clean and the task records the outcome
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(r.future.cancel)
+        if r.future is not None:
+            # Async: cancelling the future records the outcome at once (see _async_finished), even if
+            # the event loop is blocked, and cancels the task when the loop gets to it.
+            r.future.cancel()
             return
         with r.lock:
             if r.state != "running":
                 return  # it is settling already: its own outcome wins
             r.state = "abandoned"
+            r.stop_with = exc
+            r.abandoned_at = time.monotonic()
             if r.thread_id is not None:
                 _set_async_exc(r.thread_id, exc)
+        self._stopping_threads.append(r)
         del self._inflight[r.job.id]
         self._pending.append(_Done(r, outcome))
         self._spawn_slot()  # the old thread may be stuck in C code; the slot is free again either way
@@ -876,8 +954,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._collect_completions()
-        if self._pending and not self._aborted.is_set():
-            self._record_pending()
+        if self._pending:
+            self._record_pending()  # when aborting: one try, so finished jobs are not run again
         self._stopped.set()
         with self._work_ready:
             self._work_ready.notify_all()

@@ -180,6 +180,23 @@ def test_rate_limited_channel_does_not_hold_up_others(conn: psycopg.Connection[A
     assert throttled == (True,)
 
 
+def test_a_drained_channel_whose_throttle_expires_does_not_break_the_claim(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """Regression: lifting an expired throttle of an idle channel, with no wakeups pending, made the
+    claim fail (active computed as NULL)."""
+    fairqueue.configure_channel(conn, "limited", rate_limit="1/h")
+    fairqueue.enqueue(conn, "k", channel="limited")
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 1
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # drained and throttled: it goes idle
+    conn.execute("UPDATE fairqueue.channel SET throttled_until = now() - interval '1 second' WHERE name = 'limited'")
+    assert fairqueue.claim_batch(conn, worker, 10) == []
+    assert conn.execute("SELECT active, throttled_until FROM fairqueue.channel WHERE name = 'limited'").fetchone() == (
+        False,
+        None,
+    )
+
+
 def test_burst_allows_back_to_back_starts(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.configure_channel(conn, "bursty", rate_limit="1/h", burst=5)
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bursty"}] * 10)

@@ -190,6 +190,14 @@ def test_workers_ride_out_a_postgresql_restart(fleet_for: Callable[[str], Fleet]
         assert "reconnect" in fleet.output() or "retrying" in fleet.output()
 
 
+def worker_connections(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name IN "
+        "('fairqueue dispatcher', 'fairqueue listener', 'fairqueue maintenance') AND datname = current_database()"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_terminated_worker_connections_lose_no_job(
     conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet]
 ) -> None:
@@ -199,11 +207,13 @@ def test_terminated_worker_connections_lose_no_job(
     fleet.start()
     for threshold in (300, 900, 1500):
         wait_until(functools.partial(reached, conn, threshold), fleet, what=f"{threshold} jobs")
+        # both workers fully connected again: dispatcher, listener and maintenance each
+        wait_until(lambda: worker_connections(conn) >= 6, fleet, what="the workers' connections")
         [(killed,)] = conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE application_name LIKE 'fairqueue %%' AND datname = current_database()"
         ).fetchall()
-        assert killed >= 6  # dispatcher, listener and maintenance of both, plus handler connections
+        assert killed >= 6
     wait_until(lambda: count(conn, "job") == 0, fleet, what="every job to finish")
     assert len(fleet.alive()) == 2
     assert_every_job_ran_exactly_once(conn, ids)

@@ -168,6 +168,54 @@ def test_a_timeout_cancels_an_async_handler(conn: psycopg.Connection[Any], start
     assert finished(conn, job_id).status == "timed_out"
 
 
+def test_an_async_handlers_own_timeout_error_is_an_ordinary_failure(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.async_own_timeout.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert info.status == "failed"
+    assert (info.error or "").startswith("TimeoutError: the upstream service did not answer")
+
+
+def test_a_timeout_stops_a_handler_that_swallows_exceptions(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.spin_swallowing.enqueue(conn)
+    start_worker(concurrency=2)
+    assert finished(conn, job_id).status == "timed_out"
+    # the stopped thread really ended: only the two slot threads remain (one of them the replacement)
+    wait_for(lambda: slot_threads() == 2, what="the stopped slot thread to exit")
+
+
+def slot_threads() -> int:
+    return sum(1 for th in threading.enumerate() if th.name.startswith("fairqueue-slot-"))
+
+
+def test_bad_arguments_raised_inside_a_handler_are_retried_like_any_failure(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    job_id = t.nested_bad_arguments.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "failed"), (2, "failed")]
+
+
+def test_an_async_job_cancelled_before_it_started_is_recorded_cancelled(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    blocker = t.async_block_loop.enqueue(conn, gate="blocking", release="go")
+    start_worker(concurrency=2)
+    assert t.GATES["blocking"].wait(20)
+    waiting = t.async_add.enqueue(conn, 1)  # claimed, but its coroutine cannot start: the loop is blocked
+    wait_for(lambda: status(conn, waiting) == "running", what="the second job to be claimed")
+    assert fairqueue.cancel(conn, waiting) == "cancel_requested"
+    info = finished(conn, waiting)
+    assert info.status == "cancelled" and info.error == "cancelled before it started"
+    t.GATES["go"].set()
+    assert finished(conn, blocker).status == "succeeded"
+
+
 def test_a_cancelled_queued_job_never_runs(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
     doomed = t.add.enqueue(conn, 1)
     assert fairqueue.cancel(conn, doomed) == "cancelled"

@@ -6,6 +6,7 @@ Handlers that coordinate with a test (in-process only) use the events in GATES, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -127,3 +128,30 @@ async def async_effect(ctx: fairqueue.JobContext, fail: bool = False) -> int:
     if fail:
         raise RuntimeError("failing after writing")
     return ctx.job_id
+
+
+@fairqueue.task(name="t.async_own_timeout", max_attempts=1)
+async def async_own_timeout() -> None:
+    """An async handler whose own code raises TimeoutError (e.g. a client library): a plain failure."""
+    raise TimeoutError("the upstream service did not answer")
+
+
+@fairqueue.task(name="t.spin_swallowing", timeout=0.3, max_attempts=1)
+def spin_swallowing() -> None:
+    """Busy code that swallows every Exception: the timeout must still stop it."""
+    while True:
+        with contextlib.suppress(Exception):
+            sum(range(100))
+
+
+@fairqueue.task(name="t.nested_bad_arguments", max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.05)
+def nested_bad_arguments() -> None:
+    """Fails with BadArgumentsError from its own code (not its job's args): an ordinary, retried failure."""
+    add.bind(1, surprise=2)
+
+
+@fairqueue.task(name="t.async_block_loop", max_attempts=1)
+async def async_block_loop(gate: str, release: str) -> None:
+    """Blocks the event loop itself (a sync wait in async code) until the test releases it."""
+    GATES[gate].set()
+    GATES[release].wait(30)

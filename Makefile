@@ -3,6 +3,7 @@
 #   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18)
 #   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
 #   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
+#   make bench-e2e   worker processes end to end vs a hand-written loop (appends to docs/benchmarks.md)
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -14,7 +15,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint bench-claim clean
+.PHONY: demo test test-pg15 lint bench-claim bench-e2e clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -41,6 +42,9 @@ test-pg15: $(VENV)/.installed-dev
 
 bench-claim: $(VENV)/.installed-dev
 	$(PY) -m benchmarks.claim_latency
+
+bench-e2e: $(VENV)/.installed-dev
+	$(PY) -m benchmarks.end_to_end
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build

@@ -97,6 +97,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         workers=args.workers,
         batch=args.batch,
         job_ms=args.job_ms,
+        concurrency=args.concurrency,
     )
 
 
@@ -547,7 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _database_url_option(demo, required_hint="; without one an embedded server is used")
     demo.add_argument("--bob-jobs", type=int, default=10_000, help="size of Bob's backlog (default 10000)")
-    demo.add_argument("--workers", type=int, default=4, help="workers draining the queue (default 4)")
+    demo.add_argument("--workers", type=int, default=2, help="worker processes draining the queue (default 2)")
+    demo.add_argument("--concurrency", type=int, default=10, help="jobs each worker runs at once (default 10)")
     demo.add_argument("--batch", type=int, default=10, help="jobs claimed per round trip (default 10)")
     demo.add_argument("--job-ms", type=float, default=0.2, help="simulated work per job, ms (default 0.2)")
     demo.set_defaults(func=_cmd_demo)

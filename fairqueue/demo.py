@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
@@ -49,6 +50,18 @@ def _start_workers(url: str, n: int, concurrency: int, batch: int) -> list[subpr
         subprocess.Popen([*command, "--name", f"demo-worker-{i + 1}"], env=env, stdin=subprocess.DEVNULL)
         for i in range(n)
     ]
+
+
+def _wait_for_workers(conn: psycopg.Connection[Any], procs: list[subprocess.Popen[bytes]]) -> None:
+    """Until every worker has registered (and so listens for work), so that the jobs' waits are
+    queueing, not process start-up."""
+    deadline = time.monotonic() + 60
+    while (row := conn.execute("SELECT count(*) FROM fairqueue.worker").fetchone()) and row[0] < len(procs):
+        if any(p.poll() is not None for p in procs):
+            raise ConfigurationError("a demo worker exited at start; see the messages above")
+        if time.monotonic() > deadline:
+            raise ConfigurationError("the demo workers did not start within a minute")
+        time.sleep(0.05)
 
 
 def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
@@ -92,7 +105,7 @@ def _ms(seconds: float) -> str:
 
 
 def run_demo(
-    *, database_url: str | None, bob_jobs: int, workers: int, batch: int, job_ms: float, concurrency: int = 4
+    *, database_url: str | None, bob_jobs: int, workers: int, batch: int, job_ms: float, concurrency: int = 10
 ) -> int:
     if bob_jobs < 1 or workers < 1 or not 1 <= batch <= 1000 or job_ms < 0 or concurrency < 1:
         raise ConfigurationError(
@@ -108,27 +121,35 @@ def run_demo(
                     "so run it on an empty database (or without --database-url)"
                 )
             conn.execute("TRUNCATE fairqueue.completed_job")
-            t0 = time.monotonic()
-            with conn.transaction():
-                fairqueue.enqueue_many(conn, [resize_image.using(channel=BOB).spec(i, job_ms) for i in range(bob_jobs)])
-            print(f"Bob enqueued {bob_jobs:,} jobs in one transaction ({time.monotonic() - t0:.2f} s).")
-            send_invoice.using(channel=ALICE).enqueue(conn, "alice")
-            print("Then Alice enqueued 1 job.")
             total = bob_jobs + 1
-
             print(f"Starting {workers} worker processes (fairqueue worker --concurrency {concurrency}) ...")
             procs = _start_workers(url, workers, concurrency, batch)
+            try:
+                _wait_for_workers(conn, procs)
+                t0 = time.monotonic()
+                with conn.transaction():
+                    fairqueue.enqueue_many(
+                        conn, [resize_image.using(channel=BOB).spec(i, job_ms) for i in range(bob_jobs)]
+                    )
+                print(f"Bob enqueued {bob_jobs:,} jobs in one transaction ({time.monotonic() - t0:.2f} s).")
+                send_invoice.using(channel=ALICE).enqueue(conn, "alice")
+                print("Then Alice enqueued 1 job.")
+            except BaseException:
+                _stop_workers(procs)
+                raise
             names: dict[int, str] = {}
-            t0 = time.monotonic()
+            next_line = 0.0
             try:
                 while True:
                     for worker_id, name in conn.execute("SELECT id, name FROM fairqueue.worker"):
                         names[worker_id] = name
                     bob, alice = conn.execute(PROGRESS).fetchone() or (0, 0)
+                    line = f"  done {bob + alice:>6,}/{total:,}   bob {bob:>6,}   alice {alice}"
                     if sys.stdout.isatty():
-                        print(
-                            f"\r  done {bob + alice:>6,}/{total:,}   bob {bob:>6,}   alice {alice}", end="", flush=True
-                        )
+                        print("\r" + line, end="", flush=True)
+                    elif time.monotonic() >= next_line:
+                        print(line, flush=True)
+                        next_line = time.monotonic() + 2
                     if bob + alice >= total:
                         break
                     dead = [p for p in procs if p.poll() is not None]

@@ -279,6 +279,18 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_grant(args: argparse.Namespace) -> int:
+    from fairqueue.roles import grant
+
+    with _connect(args) as conn:
+        done = grant(conn, args.level, args.role, revoke=args.revoke)
+    for statement in done:
+        print(statement)
+    verb = "revoked from" if args.revoke else "granted to"
+    print(f"{args.level} rights {verb} role {args.role!r}", file=sys.stderr)
+    return 0
+
+
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from fairqueue.consumer import cancel
     from fairqueue.inspection import get_job
@@ -434,6 +446,22 @@ def _add_admin_commands(commands: Any) -> None:
     _database_url_option(cancel)
     cancel.add_argument("job_id", type=_job_id, metavar="JOB_ID")
     cancel.set_defaults(func=_cmd_cancel)
+
+    grant = commands.add_parser(
+        "grant",
+        help="give a database role least-privilege rights: producer, worker or admin",
+        description=(
+            "Grants an existing role the rights of one level (run it as the schema's owner). producer: enqueue "
+            "and read job state; worker: also claim, finish, heartbeat and the maintenance chores; admin: also "
+            "cancel, retry and configure channels. No level may write fairqueue's tables directly. Prints the "
+            "statements it ran."
+        ),
+    )
+    _database_url_option(grant)
+    grant.add_argument("level", choices=("producer", "worker", "admin"), help="what the role may do")
+    grant.add_argument("role", metavar="ROLE", help="an existing database role")
+    grant.add_argument("--revoke", action="store_true", help="take the level's rights away instead")
+    grant.set_defaults(func=_cmd_grant)
 
     channels = commands.add_parser("channels", help="list channels or change a channel's limits")
     channel_commands = channels.add_subparsers(dest="channels_command", metavar="ACTION", required=True)

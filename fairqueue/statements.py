@@ -20,11 +20,7 @@ ORDER BY ord
 """
 
 # Which of the given ids exist, live or finished (for validating `after=` before writing anything).
-EXISTING_JOB_IDS = """
-SELECT id FROM fairqueue.job WHERE id = ANY (%(ids)s::bigint[])
-UNION
-SELECT job_id FROM fairqueue.completed_job WHERE job_id = ANY (%(ids)s::bigint[]) AND final
-"""
+EXISTING_JOB_IDS = "SELECT fairqueue.existing_job_ids(%(ids)s::bigint[])"
 
 CONFIGURE_CHANNEL = """
 SELECT fairqueue.configure_channel(%s, %s::integer, %s, %s::double precision, %s::double precision,
@@ -53,21 +49,13 @@ PROMOTE_DUE_JOBS = "SELECT fairqueue.promote_due_jobs()"
 
 # The worker's heartbeat also collects cancel requests for its running jobs, in case it missed the
 # NOTIFY (listener connection lost).
-HEARTBEAT_WITH_CANCELS = """
-SELECT fairqueue.heartbeat(%(worker)s, %(lease)s::double precision),
-       ARRAY(SELECT job_id FROM fairqueue.running_job WHERE worker_id = %(worker)s AND cancel_requested)
-"""
+HEARTBEAT_WITH_CANCELS = "SELECT * FROM fairqueue.worker_heartbeat(%(worker)s, %(lease)s::double precision)"
 
-# Seconds until the next delayed job or throttled channel is due (NULL: none). An idle worker sleeps
-# until then rather than a whole poll interval, so rate-limited channels and retries run on time.
-NEXT_DUE = """
-SELECT extract(epoch FROM least(
-    (SELECT min(run_at) FROM fairqueue.scheduled_job),
-    (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL)) - clock_timestamp())
-"""
+# Seconds until the next delayed job or throttled channel is due (NULL: none).
+NEXT_DUE = "SELECT fairqueue.next_due()"
 
 # Jobs the database says a worker holds (to reconcile after a lost connection).
-HELD_JOBS = "SELECT job_id FROM fairqueue.running_job WHERE worker_id = %s"
+HELD_JOBS = "SELECT fairqueue.held_jobs(%s)"
 
 # Whether this session became the one maintenance worker of the database (session-level lock).
 MAINTENANCE_LOCK = "SELECT pg_try_advisory_lock(1718681602, 0)"

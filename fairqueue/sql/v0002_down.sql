@@ -1,3 +1,20 @@
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA fairqueue TO PUBLIC;
+DO $$
+DECLARE
+    v_name text;
+BEGIN
+    FOREACH v_name IN ARRAY ARRAY[
+        'enqueue', 'enqueue_many', 'register_worker', 'heartbeat', 'claim', 'finish', 'release',
+        'deregister_worker', 'recover_expired_workers', 'ensure_completed_partitions', 'cancel',
+        'configure_channel']
+    LOOP
+        EXECUTE format('ALTER FUNCTION fairqueue.%I SECURITY INVOKER RESET search_path', v_name);
+    END LOOP;
+END $$;
+DROP FUNCTION IF EXISTS fairqueue.next_due();
+DROP FUNCTION IF EXISTS fairqueue.held_jobs(bigint);
+DROP FUNCTION IF EXISTS fairqueue.worker_heartbeat(bigint, double precision);
+DROP FUNCTION IF EXISTS fairqueue.existing_job_ids(bigint[]);
 DROP FUNCTION IF EXISTS fairqueue.promote_due_jobs();
 DROP FUNCTION IF EXISTS fairqueue.retry(bigint, integer);
 

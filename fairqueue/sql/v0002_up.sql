@@ -194,3 +194,62 @@ BEGIN
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
 END $$;
+
+------------------------------------------------------------------------------------------------
+-- Least privilege
+------------------------------------------------------------------------------------------------
+
+-- What a worker needs to read besides claiming and finishing, as functions (see the grants below).
+CREATE FUNCTION fairqueue.existing_job_ids(p_ids bigint[])
+RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT id FROM fairqueue.job WHERE id = ANY (p_ids)
+    UNION
+    SELECT job_id FROM fairqueue.completed_job WHERE job_id = ANY (p_ids) AND final
+$$;
+
+-- Renews the lease and returns the running jobs of this worker that someone asked to cancel (the
+-- heartbeat doubles as a fallback for cancel notifications the worker missed).
+CREATE FUNCTION fairqueue.worker_heartbeat(p_worker_id bigint, p_lease_seconds double precision)
+RETURNS TABLE (alive boolean, cancel_requested bigint[])
+LANGUAGE sql AS $$
+    SELECT fairqueue.heartbeat(p_worker_id, p_lease_seconds),
+           ARRAY(SELECT job_id FROM fairqueue.running_job WHERE worker_id = p_worker_id AND cancel_requested)
+$$;
+
+-- The jobs the database says a worker holds (to reconcile after a lost connection).
+CREATE FUNCTION fairqueue.held_jobs(p_worker_id bigint)
+RETURNS SETOF bigint
+LANGUAGE sql STABLE AS $$
+    SELECT job_id FROM fairqueue.running_job WHERE worker_id = p_worker_id
+$$;
+
+-- Seconds until the next delayed job or throttled channel is due (NULL: none). An idle worker sleeps
+-- until then rather than a whole poll interval, so rate-limited channels and retries run on time.
+CREATE FUNCTION fairqueue.next_due()
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT extract(epoch FROM least(
+        (SELECT min(run_at) FROM fairqueue.scheduled_job),
+        (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL)) - clock_timestamp())
+$$;
+
+-- The operations run with the rights of the schema's owner, so the roles that call them need no
+-- rights on the tables (`fairqueue grant` hands out EXECUTE on them by role); search_path is pinned
+-- so that no caller can slip its own objects into them.
+DO $$
+DECLARE
+    v_name text;
+BEGIN
+    FOREACH v_name IN ARRAY ARRAY[
+        'enqueue', 'enqueue_many', 'existing_job_ids',
+        'register_worker', 'heartbeat', 'worker_heartbeat', 'claim', 'finish', 'release', 'held_jobs',
+        'next_due', 'deregister_worker', 'recover_expired_workers', 'ensure_completed_partitions',
+        'promote_due_jobs', 'cancel', 'retry', 'configure_channel']
+    LOOP
+        EXECUTE format('ALTER FUNCTION fairqueue.%I SECURITY DEFINER SET search_path = pg_catalog, pg_temp', v_name);
+    END LOOP;
+END $$;
+
+-- PostgreSQL lets everyone execute a new function; fairqueue's are for the roles granted them.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA fairqueue FROM PUBLIC;

@@ -1,0 +1,97 @@
+"""Least-privilege database roles: what a web app, a worker and an operator may do to the queue.
+
+fairqueue's operations are SECURITY DEFINER functions (they run with the rights of the schema's
+owner, search_path pinned), and EXECUTE on them is revoked from PUBLIC. A role is then given exactly
+the operations of its level, and read access to the queue's tables; no level may write a table
+directly, so a web app's credentials cannot rewrite queue state.
+
+- ``producer`` (the web app): enqueue, and read job state (``fairqueue.get_job``).
+- ``worker``: what a producer may, plus register, heartbeat, claim, finish, release, and the
+  maintenance chores (lease recovery, due jobs, partitions). Handlers that enqueue follow-up jobs
+  need the producer's rights, which is why a worker has them.
+- ``admin`` (operators, ``fairqueue status/cancel/retry/channels``): a worker's rights plus cancel,
+  retry and channel configuration.
+
+Creating the schema and upgrading it (``fairqueue migrate``) stays with the schema's owner.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from fairqueue.errors import ConfigurationError
+
+Level = Literal["producer", "worker", "admin"]
+
+_PRODUCER = ("enqueue", "enqueue_many", "existing_job_ids")
+_WORKER = (
+    *_PRODUCER,
+    "register_worker",
+    "heartbeat",
+    "worker_heartbeat",
+    "claim",
+    "finish",
+    "release",
+    "held_jobs",
+    "next_due",
+    "deregister_worker",
+    "recover_expired_workers",
+    "ensure_completed_partitions",
+    "promote_due_jobs",
+)
+_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel")
+
+FUNCTIONS: dict[str, tuple[str, ...]] = {"producer": _PRODUCER, "worker": _WORKER, "admin": _ADMIN}
+READABLE_TABLES = (
+    "job",
+    "running_job",
+    "scheduled_job",
+    "job_dependency",
+    "fifo_holder",
+    "fifo_waiting",
+    "channel",
+    "channel_wakeup",
+    "worker",
+    "completed_job",
+)
+
+
+def statements(level: str, role: str, *, revoke: bool = False) -> list[sql.Composed]:
+    """The GRANT (or REVOKE) statements that give ``role`` the rights of ``level``."""
+    if level not in FUNCTIONS:
+        raise ConfigurationError(f"level must be one of {sorted(FUNCTIONS)}, got {level!r}")
+    if not role or len(role) > 63:
+        raise ConfigurationError("the role name must have 1 to 63 characters")
+    who = sql.Identifier(role)
+    functions = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in FUNCTIONS[level])
+    tables = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in READABLE_TABLES)
+    if revoke:
+        return [
+            sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(functions, who),
+            sql.SQL("REVOKE SELECT ON {} FROM {}").format(tables, who),
+            sql.SQL("REVOKE USAGE ON SCHEMA fairqueue FROM {}").format(who),
+        ]
+    return [
+        sql.SQL("GRANT USAGE ON SCHEMA fairqueue TO {}").format(who),
+        sql.SQL("GRANT SELECT ON {} TO {}").format(tables, who),
+        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(functions, who),
+    ]
+
+
+def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool = False) -> list[str]:
+    """Grants (or revokes) ``level``'s rights to an existing role, in the caller's transaction;
+    returns the statements run, as text."""
+    composed = statements(level, role, revoke=revoke)
+    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+    if not exists:
+        raise ConfigurationError(
+            f"role {role!r} does not exist; create it first, e.g. CREATE ROLE {role} LOGIN PASSWORD '...'"
+        )
+    done = []
+    for statement in composed:
+        conn.execute(statement)
+        done.append(statement.as_string(conn))
+    return done

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -56,13 +57,21 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from fairqueue.urls import resolve
+
+    return run_worker(args, resolve(args.database_url))
+
+
+def run_worker(
+    args: argparse.Namespace, url: str, *, around_job: Callable[[], AbstractContextManager[object]] | None = None
+) -> int:
+    """Runs a worker with the options of :func:`add_worker_options` (``fairqueue worker`` and Django's
+    ``runworker``); ``around_job`` wraps each sync handler call in its slot thread."""
     from fairqueue.logs import configure_logging
     from fairqueue.metrics import Metrics, MetricsServer
-    from fairqueue.urls import resolve
     from fairqueue.worker import Worker, WorkerConfig, import_task_modules
 
     configure_logging(args.log_format, args.log_level)
-    url = resolve(args.database_url)
     if not args.imports:
         raise ConfigurationError("give at least one --import MODULE (the modules that define your tasks)")
     config = WorkerConfig(
@@ -80,7 +89,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     metrics = Metrics()
     server = MetricsServer(metrics, args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
     try:
-        worker = Worker(config, metrics=metrics)
+        worker = Worker(config, metrics=metrics, around_job=around_job)
         worker.install_signal_handlers()
         return worker.run()
     finally:
@@ -499,6 +508,48 @@ def _add_admin_commands(commands: Any) -> None:
     setting.set_defaults(func=_cmd_channels_set, paused=None)
 
 
+def add_worker_options(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
+    """The options of ``fairqueue worker`` (also ``manage.py runworker``, whose settings give ``defaults``)."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module defining tasks (repeatable), e.g. --import myapp.tasks",
+    )
+    parser.add_argument("--concurrency", type=int, default=10, help="jobs run at once (default 10)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="most jobs claimed per round trip (default: concurrency, at most 100)"
+    )
+    parser.add_argument("--name", default=None, help="worker name shown in status (default host:pid)")
+    parser.add_argument(
+        "--lease",
+        type=float,
+        default=10.0,
+        help="seconds without a heartbeat after which this worker's jobs are re-run elsewhere (default 10)",
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=1.0, help="longest wait between claims without a notification (s)"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=30.0, help="on SIGTERM, seconds running jobs may take to finish (default 30)"
+    )
+    parser.add_argument(
+        "--no-maintenance", action="store_true", help="never take the maintenance role (another worker does it)"
+    )
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",  # noqa: S104 - scraped from other hosts
+        help="address for --metrics-port (default 0.0.0.0)",
+    )
+    parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    if defaults:
+        parser.set_defaults(**defaults)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fairqueue",
@@ -528,42 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     _database_url_option(worker)
-    worker.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="module defining tasks (repeatable), e.g. --import myapp.tasks",
-    )
-    worker.add_argument("--concurrency", type=int, default=10, help="jobs run at once (default 10)")
-    worker.add_argument(
-        "--batch", type=int, default=None, help="most jobs claimed per round trip (default: concurrency, at most 100)"
-    )
-    worker.add_argument("--name", default=None, help="worker name shown in status (default host:pid)")
-    worker.add_argument(
-        "--lease",
-        type=float,
-        default=10.0,
-        help="seconds without a heartbeat after which this worker's jobs are re-run elsewhere (default 10)",
-    )
-    worker.add_argument(
-        "--poll-interval", type=float, default=1.0, help="longest wait between claims without a notification (s)"
-    )
-    worker.add_argument(
-        "--grace", type=float, default=30.0, help="on SIGTERM, seconds running jobs may take to finish (default 30)"
-    )
-    worker.add_argument(
-        "--no-maintenance", action="store_true", help="never take the maintenance role (another worker does it)"
-    )
-    worker.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    worker.add_argument(
-        "--metrics-host",
-        default="0.0.0.0",  # noqa: S104 - scraped from other hosts
-        help="address for --metrics-port (default 0.0.0.0)",
-    )
-    worker.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
-    worker.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    add_worker_options(worker)
     worker.set_defaults(func=_cmd_worker)
 
     demo = commands.add_parser(

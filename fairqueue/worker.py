@@ -33,6 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TypeVar
@@ -197,9 +198,17 @@ class _Connection:
 class Worker:
     """A worker process's runtime. ``Worker(config).run()`` blocks until stopped; returns the exit code."""
 
-    def __init__(self, config: WorkerConfig, *, tasks: Registry | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        tasks: Registry | None = None,
+        metrics: Metrics | None = None,
+        around_job: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> None:
         config.check()
         self.config = config
+        self.around_job = around_job  # wraps each sync handler call in its slot thread (Django: connections)
         self.tasks = tasks or registry
         self.metrics = metrics or Metrics()
         self.libpq_url = to_libpq(config.database_url)
@@ -533,7 +542,11 @@ class Worker:
             r.ctx._opener = self._open_session
         try:
             try:
-                result = task.fn(*positional, **keywords)
+                if self.around_job is not None:
+                    with self.around_job():
+                        result = task.fn(*positional, **keywords)
+                else:
+                    result = task.fn(*positional, **keywords)
                 encoded_ok = self._check_result(r, result)
             except BaseException as exc:
                 if not self._settle(r):

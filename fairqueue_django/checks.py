@@ -1,0 +1,81 @@
+"""System checks (``manage.py check``) that explain a misconfigured fairqueue before anything runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from fairqueue_django import conf
+from fairqueue_django.schema import REVISIONS
+
+MIN_SERVER = 150000
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        settings = conf.get()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), id="fairqueue.E001")]
+    if settings.database not in connections.settings:
+        return [
+            checks.Error(
+                f"FAIRQUEUE['DATABASE'] is {settings.database!r}, which is not in DATABASES",
+                hint=f"use one of {sorted(connections.settings)}",
+                id="fairqueue.E002",
+            )
+        ]
+    engine = connections.settings[settings.database].get("ENGINE", "")
+    if engine != "django.db.backends.postgresql":
+        return [
+            checks.Error(
+                f"fairqueue needs PostgreSQL; database {settings.database!r} uses {engine or 'no ENGINE'}",
+                hint="set ENGINE to 'django.db.backends.postgresql' (with psycopg 3 installed)",
+                id="fairqueue.E003",
+            )
+        ]
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Runs with ``manage.py check --database <alias>`` (and before ``migrate``)."""
+    try:
+        alias = conf.get().database
+    except ImproperlyConfigured:
+        return []  # reported by check_settings
+    if not databases or alias not in databases or alias not in connections.settings:
+        return []
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    errors: list[checks.CheckMessage] = []
+    server = connection.pg_version if hasattr(connection, "pg_version") else 0
+    if server and server < MIN_SERVER:
+        errors.append(
+            checks.Error(
+                f"fairqueue needs PostgreSQL 15 or later; database {alias!r} runs {server // 10000}",
+                id="fairqueue.E004",
+            )
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('fairqueue_alembic_version') IS NOT NULL")
+        installed = cursor.fetchone()[0]
+        current = None
+        if installed:
+            cursor.execute("SELECT version_num FROM fairqueue_alembic_version")
+            row = cursor.fetchone()
+            current = row[0] if row else None
+    if current != REVISIONS[-1]:
+        errors.append(
+            checks.Warning(
+                f"fairqueue's schema in database {alias!r} is "
+                + (f"at {current}, not {REVISIONS[-1]}" if current else "not installed"),
+                hint="run: python manage.py migrate fairqueue",
+                id="fairqueue.W001",
+            )
+        )
+    return errors

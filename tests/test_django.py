@@ -1,0 +1,289 @@
+"""The Django app: migrations (and their parity with Alembic's), enqueue inside atomic(), checks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from fairqueue import migrations
+from tests.conftest import TABLES, _recreate_database, _worker_suffix
+
+django = pytest.importorskip("django")
+
+from django.core import checks  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connections, transaction  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
+
+import fairqueue_django  # noqa: E402
+from tests import worker_tasks as t  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def django_url(server_url: str) -> str:
+    """A database migrated with Django's `migrate`, and Django set up to use it."""
+    url = _recreate_database(server_url, f"fq_django_{_worker_suffix()}")
+    other = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
+    os.environ["FAIRQUEUE_TEST_DJANGO_URL"] = url
+    os.environ["FAIRQUEUE_TEST_DJANGO_OTHER_URL"] = other
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_settings"
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return url
+
+
+@pytest.fixture
+def dj(django_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An emptied Django database, and a psycopg connection to look into it."""
+    with psycopg.connect(django_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{name}" for name in TABLES) + " RESTART IDENTITY")
+        conn.execute("CREATE TABLE IF NOT EXISTS public.test_orders (id serial PRIMARY KEY, note text)")
+        conn.execute("TRUNCATE public.test_orders")
+        yield conn
+    connections.close_all()
+
+
+@pytest.fixture
+def other_database(django_url: str, server_url: str) -> Iterator[str]:
+    """Django's second alias, pointing at a brand-new empty database."""
+    connections["other"].close()
+    url = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
+    yield url
+    connections["other"].close()
+
+
+def _orders(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT note FROM public.test_orders ORDER BY id")]
+
+
+def _kinds(conn: psycopg.Connection[Any]) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT kind FROM fairqueue.job ORDER BY id")]
+
+
+def _write_order(note: str) -> None:
+    with fairqueue_django.connection().cursor() as cursor:
+        cursor.execute("INSERT INTO public.test_orders (note) VALUES (%s)", [note])
+
+
+# -- enqueue inside atomic() ---------------------------------------------------------------------
+
+
+def test_a_job_enqueued_in_atomic_commits_with_the_block(dj: psycopg.Connection[Any]) -> None:
+    with transaction.atomic():
+        _write_order("paid")
+        job_id = fairqueue_django.enqueue("orders.confirm", {"order": 1})
+        assert _kinds(dj) == []  # not visible before the commit
+    assert _orders(dj) == ["paid"] and _kinds(dj) == ["orders.confirm"]
+    info = fairqueue_django.get_job(job_id)
+    assert info is not None and info.channel == "web"  # FAIRQUEUE['DEFAULT_CHANNEL']
+
+
+def test_a_job_enqueued_in_atomic_rolls_back_with_the_block(dj: psycopg.Connection[Any]) -> None:
+    def failing_view() -> None:
+        with transaction.atomic():
+            _write_order("paid")
+            fairqueue_django.enqueue("orders.confirm", {"order": 1})
+            raise RuntimeError("the view failed")
+
+    with pytest.raises(RuntimeError):
+        failing_view()
+    assert _orders(dj) == [] and _kinds(dj) == []
+
+
+def test_a_nested_atomic_block_that_rolls_back_takes_only_its_own_job(dj: psycopg.Connection[Any]) -> None:
+    def failing_step() -> None:
+        with transaction.atomic():  # a savepoint
+            _write_order("inner")
+            fairqueue_django.enqueue_task(t.add, 1, 2)
+            raise RuntimeError("the inner step failed")
+
+    with transaction.atomic():
+        _write_order("outer")
+        fairqueue_django.enqueue("outer.job")
+        with pytest.raises(RuntimeError):
+            failing_step()
+        fairqueue_django.enqueue("after.inner")
+    assert _orders(dj) == ["outer"]
+    assert _kinds(dj) == ["outer.job", "after.inner"]
+
+
+def test_a_task_enqueued_on_the_django_connection_commits_with_atomic(dj: psycopg.Connection[Any]) -> None:
+    with transaction.atomic():
+        job_id = t.add.using(channel="tenant-1").enqueue(fairqueue_django.connection(), 2, b=3)
+    info = fairqueue_django.get_job(job_id)
+    assert info is not None and (info.kind, info.args, info.channel) == ("t.add", {"a": 2, "b": 3}, "tenant-1")
+
+
+def test_without_atomic_each_enqueue_commits_on_its_own(dj: psycopg.Connection[Any]) -> None:
+    fairqueue_django.enqueue("autocommit.job")  # Django's default autocommit mode
+    assert _kinds(dj) == ["autocommit.job"]
+
+
+# -- migrations --------------------------------------------------------------------------------------
+
+CATALOG = {
+    "columns": """
+        SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')
+        FROM information_schema.columns WHERE table_schema = 'fairqueue' ORDER BY 1, 2""",
+    "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'fairqueue' ORDER BY 1, 2",
+    "constraints": """
+        SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
+        JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'fairqueue' ORDER BY 1, 2""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosecdef, coalesce(p.proconfig, '{}'),
+               md5(pg_get_functiondef(p.oid)), coalesce(p.proacl::text, '')
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'fairqueue' ORDER BY 1, 2""",
+    "tables": """
+        SELECT c.relname, c.relkind, coalesce(c.reloptions, '{}'), coalesce(pg_get_expr(c.relpartbound, c.oid), '')
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'fairqueue' AND c.relkind IN ('r', 'p') AND c.relname NOT LIKE 'completed\\_job\\_p%%'
+        ORDER BY 1""",
+}
+
+
+def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {name: conn.execute(query).fetchall() for name, query in CATALOG.items()}
+
+
+def test_django_migrate_creates_exactly_the_schema_alembic_creates(django_url: str, migrated_url: str) -> None:
+    django_catalog, alembic_catalog = _catalog(django_url), _catalog(migrated_url)
+    for part in CATALOG:
+        assert django_catalog[part] == alembic_catalog[part], part
+    assert len(django_catalog["functions"]) > 20
+    assert migrations.current_revision(django_url) == migrations.head_revision()
+
+
+def test_alembic_first_then_django_applies_nothing_twice(other_database: str) -> None:
+    migrations.upgrade(other_database, "fq0001")
+    call_command("migrate", "fairqueue", database="other", verbosity=0)  # 0001 recorded, 0002 applied
+    assert migrations.current_revision(other_database) == "fq0002"
+    migrations.upgrade(other_database)  # nothing left to do
+    assert migrations.current_revision(other_database) == "fq0002"
+    with psycopg.connect(other_database) as conn:
+        assert conn.execute("SELECT to_regproc('fairqueue.retry') IS NOT NULL").fetchone() == (True,)
+
+
+def test_django_first_then_alembic_applies_nothing_twice(other_database: str) -> None:
+    call_command("migrate", "fairqueue", database="other", verbosity=0)
+    assert migrations.current_revision(other_database) == "fq0002"
+    migrations.upgrade(other_database)  # would fail on existing objects if it ran the files again
+    call_command("migrate", "fairqueue", "zero", database="other", verbosity=0)
+    assert migrations.current_revision(other_database) is None
+    with psycopg.connect(other_database) as conn:
+        assert conn.execute("SELECT to_regnamespace('fairqueue') IS NULL").fetchone() == (True,)
+
+
+# -- system checks -------------------------------------------------------------------------------------
+
+
+def _check_ids(databases: list[str] | None = None) -> set[str]:
+    return {m.id for m in checks.run_checks(databases=databases) if m.id and m.id.startswith("fairqueue.")}
+
+
+def test_a_correct_setup_passes_the_checks(django_url: str) -> None:
+    assert _check_ids(["default"]) == set()
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ({"DATABASE": "nope"}, "fairqueue.E002"),
+        ({"DATABASE": "lite"}, "fairqueue.E003"),
+        ({"SURPRISE": 1}, "fairqueue.E001"),
+        ({"WORKER": {"CONCURENCY": 4}}, "fairqueue.E001"),
+    ],
+)
+def test_misconfiguration_is_explained_by_a_check(django_url: str, setting: dict[str, Any], expected: str) -> None:
+    with override_settings(FAIRQUEUE=setting):
+        assert expected in _check_ids()
+
+
+def test_a_database_without_the_schema_gets_a_warning(django_url: str, other_database: str) -> None:
+    with override_settings(FAIRQUEUE={"DATABASE": "other"}):
+        messages = [m for m in checks.run_checks(databases=["other"]) if m.id == "fairqueue.W001"]
+    assert messages and "migrate fairqueue" in (messages[0].hint or "")
+
+
+# -- manage.py runworker ------------------------------------------------------------------------------
+
+
+def test_database_url_from_django_settings() -> None:
+    from fairqueue_django.urls import database_url
+
+    assert (
+        database_url(
+            {
+                "NAME": "app db",
+                "USER": "me",
+                "PASSWORD": "p@ss",
+                "HOST": "db.internal",
+                "PORT": "6432",
+                "OPTIONS": {"sslmode": "require", "pool": True, "server_side_binding": True},
+            }
+        )
+        == "postgresql://me:p%40ss@db.internal:6432/app%20db?sslmode=require"
+    )
+    assert database_url({"NAME": "x", "HOST": "/tmp/sock", "PORT": 5433}) == (
+        "postgresql:///x?host=%2Ftmp%2Fsock&port=5433"
+    )
+
+
+def test_runworker_runs_orm_handlers_with_fresh_connections(dj: psycopg.Connection[Any], tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests import django_tasks
+
+    first = fairqueue_django.enqueue_task(django_tasks.record_order, "first")
+    log = (tmp_path / "runworker.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "runworker",
+            "--import",
+            "tests.django_tasks",
+            "--concurrency",
+            "1",
+            "--poll-interval",
+            "0.1",
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=dict(os.environ, DJANGO_SETTINGS_MODULE="tests.django_settings"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+
+        def done(job_id: int) -> Any:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                info = fairqueue_django.get_job(job_id)
+                if info is not None and info.finished:
+                    return info
+                time.sleep(0.05)
+            raise AssertionError((tmp_path / "runworker.log").read_text())
+
+        assert done(first).result == 1
+        # a database restart or a pooler would do this: the handler's ORM connection must not be reused
+        connections.close_all()  # (this test's own Django connection is not the target)
+        dj.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name NOT LIKE 'fairqueue%%'"
+        )
+        second = fairqueue_django.enqueue_task(django_tasks.record_order, "second")
+        info = done(second)
+        assert (info.status, info.result, info.attempt) == ("succeeded", 2, 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, (tmp_path / "runworker.log").read_text()

@@ -155,3 +155,47 @@ def worker(conn: psycopg.Connection[Any]) -> int:
     import fairqueue
 
     return fairqueue.register_worker(conn, "test-worker", lease_seconds=300)
+
+
+# -- Django ------------------------------------------------------------------------------------------
+# Django is configured once per test process (tests/django_settings.py), on databases of its own.
+
+
+@pytest.fixture(scope="session")
+def django_url(server_url: str) -> str:
+    """A database migrated with Django's `migrate`, and Django set up to use it."""
+    django = pytest.importorskip("django")
+    from django.core.management import call_command
+
+    url = _recreate_database(server_url, f"fq_django_{_worker_suffix()}")
+    other = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
+    os.environ["FAIRQUEUE_TEST_DJANGO_URL"] = url
+    os.environ["FAIRQUEUE_TEST_DJANGO_OTHER_URL"] = other
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_settings"
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return url
+
+
+@pytest.fixture
+def dj(django_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """The Django database, emptied (queue and the test_orders table), and a psycopg connection to it."""
+    from django.db import connections
+
+    with psycopg.connect(django_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{name}" for name in TABLES) + " RESTART IDENTITY")
+        conn.execute("CREATE TABLE IF NOT EXISTS public.test_orders (id serial PRIMARY KEY, note text)")
+        conn.execute("TRUNCATE public.test_orders")
+        yield conn
+    connections.close_all()
+
+
+@pytest.fixture
+def other_database(django_url: str, server_url: str) -> Iterator[str]:
+    """Django's second alias ("other"), pointing at a brand-new empty database."""
+    from django.db import connections
+
+    connections["other"].close()
+    url = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
+    yield url
+    connections["other"].close()

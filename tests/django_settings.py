@@ -54,3 +54,5 @@ TEMPLATES = [
         },
     }
 ]
+ROOT_URLCONF = "tests.django_urls"
+TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 from fairqueue import migrations
-from tests.conftest import TABLES, _recreate_database, _worker_suffix
 
 django = pytest.importorskip("django")
 
@@ -21,39 +19,6 @@ from django.test.utils import override_settings  # noqa: E402
 
 import fairqueue_django  # noqa: E402
 from tests import worker_tasks as t  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def django_url(server_url: str) -> str:
-    """A database migrated with Django's `migrate`, and Django set up to use it."""
-    url = _recreate_database(server_url, f"fq_django_{_worker_suffix()}")
-    other = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
-    os.environ["FAIRQUEUE_TEST_DJANGO_URL"] = url
-    os.environ["FAIRQUEUE_TEST_DJANGO_OTHER_URL"] = other
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.django_settings"
-    django.setup()
-    call_command("migrate", verbosity=0)
-    return url
-
-
-@pytest.fixture
-def dj(django_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """An emptied Django database, and a psycopg connection to look into it."""
-    with psycopg.connect(django_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{name}" for name in TABLES) + " RESTART IDENTITY")
-        conn.execute("CREATE TABLE IF NOT EXISTS public.test_orders (id serial PRIMARY KEY, note text)")
-        conn.execute("TRUNCATE public.test_orders")
-        yield conn
-    connections.close_all()
-
-
-@pytest.fixture
-def other_database(django_url: str, server_url: str) -> Iterator[str]:
-    """Django's second alias, pointing at a brand-new empty database."""
-    connections["other"].close()
-    url = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
-    yield url
-    connections["other"].close()
 
 
 def _orders(conn: psycopg.Connection[Any]) -> list[str]:
@@ -214,7 +179,7 @@ def test_a_database_without_the_schema_gets_a_warning(django_url: str, other_dat
 
 
 def test_database_url_from_django_settings() -> None:
-    from fairqueue_django.urls import database_url
+    from fairqueue_django.dburl import database_url
 
     assert (
         database_url(

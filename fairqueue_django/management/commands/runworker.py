@@ -19,7 +19,7 @@ from django.db import close_old_connections, connections
 from fairqueue import cli
 from fairqueue.errors import FairqueueError
 from fairqueue_django import conf
-from fairqueue_django.urls import database_url
+from fairqueue_django.dburl import database_url
 
 SETTING_NAMES = {
     "IMPORT": "imports",

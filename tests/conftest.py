@@ -23,20 +23,8 @@ from sqlalchemy.orm import Session
 
 from fairqueue import migrations
 from fairqueue.embedded import LocalPostgres, reap_orphans
+from fairqueue.roles import READABLE_TABLES as TABLES  # every table of the queue
 from fairqueue.urls import to_sqlalchemy, with_database
-
-TABLES = (
-    "job",
-    "running_job",
-    "scheduled_job",
-    "job_dependency",
-    "fifo_holder",
-    "fifo_waiting",
-    "channel_wakeup",
-    "worker",
-    "channel",
-    "completed_job",
-)
 
 
 def _worker_suffix() -> str:

@@ -132,3 +132,14 @@ def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[Base
     t = threading.Thread(target=run)
     t.start()
     return t, errors
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Polls ``predicate`` until it returns something truthy (returned) or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")

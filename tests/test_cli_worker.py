@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 
 import fairqueue
 from tests import worker_tasks as t
+from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ("migrate", "worker", "enqueue", "status", "retry", "cancel", "channels", "demo")
@@ -60,16 +60,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- bad input and configuration -------------------------------------------------------------------

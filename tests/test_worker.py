@@ -18,19 +18,9 @@ import fairqueue
 from fairqueue.errors import ConfigurationError
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
 from tests import worker_tasks as t
-from tests.helpers import assert_consistent, count
+from tests.helpers import assert_consistent, count, wait_for
 
 Starter = Callable[..., Worker]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status(conn: psycopg.Connection[Any], job_id: int) -> str:

@@ -1,6 +1,7 @@
 # fairqueue developer commands. Everything installs into .venv; nothing is needed by hand.
 #   make demo        fair queueing demo on an embedded PostgreSQL
-#   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18)
+#   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18; installs
+#                    headless Chromium with apt for the admin's browser test if it is missing)
 #   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
 #   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
 #   make bench-e2e   worker processes end to end vs a hand-written loop (appends to docs/benchmarks.md)
@@ -15,7 +16,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint bench-claim bench-e2e clean
+.PHONY: demo test test-pg15 lint browser bench-claim bench-e2e clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -32,8 +33,20 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint browser
 	$(PYTEST)
+
+# headless Chromium and its driver, for the Django admin's browser test (Debian packages)
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	else \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "installing chromium and chromium-driver (apt) for the admin browser test"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; } || \
+	  echo "could not install chromium: the browser test will fail"; \
+	fi
 
 test-pg15: $(VENV)/.installed-dev
 	@if [ -x "$(PG15)/postgres" ]; then \

@@ -63,10 +63,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def run_worker(
-    args: argparse.Namespace, url: str, *, around_job: Callable[[], AbstractContextManager[object]] | None = None
+    args: argparse.Namespace,
+    url: str,
+    *,
+    around_job: Callable[[], AbstractContextManager[object]] | None = None,
+    job_transaction: Callable[[], Any] | None = None,
 ) -> int:
     """Runs a worker with the options of :func:`add_worker_options` (``fairqueue worker`` and Django's
-    ``runworker``); ``around_job`` wraps each sync handler call in its slot thread."""
+    ``runworker``); ``around_job`` wraps each sync job in its slot thread, ``job_transaction`` is
+    what a handler's ``ctx.atomic()`` opens."""
     from fairqueue.logs import configure_logging
     from fairqueue.metrics import Metrics, MetricsServer
     from fairqueue.worker import Worker, WorkerConfig, import_task_modules
@@ -89,7 +94,7 @@ def run_worker(
     metrics = Metrics()
     server = MetricsServer(metrics, args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
     try:
-        worker = Worker(config, metrics=metrics, around_job=around_job)
+        worker = Worker(config, metrics=metrics, around_job=around_job, job_transaction=job_transaction)
         worker.install_signal_handlers()
         return worker.run()
     finally:

@@ -81,6 +81,8 @@ class JobContext:
     _session: Session | None = field(default=None, repr=False)
     _async_opener: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = field(default=None, repr=False)
     _async_connection: psycopg.AsyncConnection[Any] | None = field(default=None, repr=False)
+    _atomic_opener: Callable[[], Any] | None = field(default=None, repr=False)
+    _atomic: Any = field(default=None, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -126,9 +128,23 @@ class JobContext:
             self._async_connection = await self._async_opener()
         return self._async_connection
 
+    def atomic(self) -> Any:
+        """Under ``manage.py runworker``: opens this job's transaction on Django's connection
+        (``FAIRQUEUE['DATABASE']``) and returns that connection. What the handler writes with the
+        ORM in this thread from then on commits together with the job's completion, and is rolled
+        back if the handler raises or the job was taken from this worker; the handler's own
+        ``transaction.atomic()`` blocks become savepoints inside it."""
+        if self._atomic is None:
+            if self._atomic_opener is None:
+                raise ConfigurationError(
+                    "ctx.atomic() is for sync handlers run by manage.py runworker; elsewhere use ctx.session"
+                )
+            self._atomic = self._atomic_opener()
+        return self._atomic.connection
+
     @property
     def transactional(self) -> bool:
-        return self._session is not None or self._async_connection is not None
+        return self._session is not None or self._async_connection is not None or self._atomic is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,11 +311,24 @@ class BoundTask[**P, R]:
 
 
 class Registry:
-    """Task names to tasks. ``fairqueue.task`` registers into :data:`registry`."""
+    """Task names to tasks. ``fairqueue.task`` registers into :data:`registry`.
+
+    Resolvers (:meth:`add_resolver`) supply tasks that are not registered by name, such as Django's
+    ``@task`` functions (fairqueue_django.tasks): :meth:`get` asks them, in the order they were added,
+    for a name it does not know. A resolver returns None for names it does not handle, must not raise,
+    and must not import anything a name refers to (names come from the database).
+    """
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task[Any, Any]] = {}
+        self._resolvers: list[Callable[[str], Task[Any, Any] | None]] = []
         self._lock = threading.Lock()
+
+    def add_resolver(self, resolver: Callable[[str], Task[Any, Any] | None]) -> None:
+        """Adds a resolver (once: adding the same one again does nothing)."""
+        with self._lock:
+            if resolver not in self._resolvers:
+                self._resolvers.append(resolver)
 
     def add(self, task: Task[Any, Any]) -> None:
         with self._lock:
@@ -316,7 +345,13 @@ class Registry:
             self._tasks[task.name] = task  # a reloaded module replaces its own task
 
     def get(self, name: str) -> Task[Any, Any] | None:
-        return self._tasks.get(name)
+        task = self._tasks.get(name)
+        if task is None:
+            for resolve in self._resolvers:
+                task = resolve(name)
+                if task is not None:
+                    break
+        return task
 
     def names(self) -> list[str]:
         return sorted(self._tasks)

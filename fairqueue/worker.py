@@ -36,7 +36,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
@@ -109,6 +109,43 @@ class WorkerConfig:
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     # Raises exc in another thread at its next Python instruction (NULL clears a pending one).
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
+
+
+class JobTransaction(Protocol):
+    """The transaction a handler's context opened, in which its job's completion is recorded."""
+
+    @property
+    def db(self) -> object:
+        """What fairqueue's calls accept (a SQLAlchemy Session, a Django connection, ...)."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def close(self) -> None:
+        """Ends it if still open (rolling back); safe to call twice."""
+        ...
+
+
+class _SessionTransaction:
+    """``ctx.session``: a SQLAlchemy Session on the worker's handler pool."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    @property
+    def db(self) -> object:
+        return self.session
+
+    def commit(self) -> None:
+        self.session.commit()
+
+    def rollback(self) -> None:
+        self.session.rollback()
+
+    def close(self) -> None:
+        self.session.close()
 
 
 @dataclass(eq=False)
@@ -205,10 +242,12 @@ class Worker:
         tasks: Registry | None = None,
         metrics: Metrics | None = None,
         around_job: Callable[[], AbstractContextManager[object]] | None = None,
+        job_transaction: Callable[[], JobTransaction] | None = None,
     ) -> None:
         config.check()
         self.config = config
-        self.around_job = around_job  # wraps each sync handler call in its slot thread (Django: connections)
+        self.around_job = around_job  # wraps each sync job in its slot thread (Django: connections)
+        self.job_transaction = job_transaction  # what ctx.atomic() opens (Django: an atomic block)
         self.tasks = tasks or registry
         self.metrics = metrics or Metrics()
         self.libpq_url = to_libpq(config.database_url)
@@ -540,13 +579,14 @@ class Worker:
         positional, keywords = arguments
         if task.pass_context:
             r.ctx._opener = self._open_session
+            r.ctx._atomic_opener = self.job_transaction
+        with self.around_job() if self.around_job is not None else contextlib.nullcontext():
+            self._call_sync(r, task, positional, keywords)
+
+    def _call_sync(self, r: _Running, task: Task[Any, Any], positional: list[Any], keywords: dict[str, Any]) -> None:
         try:
             try:
-                if self.around_job is not None:
-                    with self.around_job():
-                        result = task.fn(*positional, **keywords)
-                else:
-                    result = task.fn(*positional, **keywords)
+                result = task.fn(*positional, **keywords)
                 encoded_ok = self._check_result(r, result)
             except BaseException as exc:
                 if not self._settle(r):
@@ -565,8 +605,9 @@ class Worker:
             else:
                 self._complete(r, Outcome(r.job.id, "succeeded", result=result))
         finally:
-            if r.ctx._session is not None:
-                r.ctx._session.close()
+            txn = self._job_transaction_of(r)
+            if txn is not None:
+                txn.close()
 
     async def _run_async(self, r: _Running) -> None:
         if not self._begin(r):
@@ -688,26 +729,32 @@ class Worker:
             )
         return Session(self._engine)
 
+    def _job_transaction_of(self, r: _Running) -> JobTransaction | None:
+        if r.ctx._atomic is not None:
+            txn: JobTransaction = r.ctx._atomic
+            return txn
+        return _SessionTransaction(r.ctx._session) if r.ctx._session is not None else None
+
     def _rollback(self, r: _Running) -> None:
-        session = r.ctx._session
-        if session is not None:
+        txn = self._job_transaction_of(r)
+        if txn is not None:
             try:
-                session.rollback()
+                txn.rollback()
             except Exception:
                 log.debug("rollback failed", exc_info=True)
 
     def _commit_with_completion(self, r: _Running, result: Any) -> Outcome | None:
         """Records success in the handler's own transaction and commits both; None when done."""
-        session = r.ctx._session
-        assert session is not None
+        txn = self._job_transaction_of(r)
+        assert txn is not None
         try:
-            recorded = finish(session, r.worker_id, [Outcome(r.job.id, "succeeded", result=result)])
+            recorded = finish(txn.db, r.worker_id, [Outcome(r.job.id, "succeeded", result=result)])
             if not recorded:
                 # the job is no longer ours (lease expired, re-run elsewhere): its effects must not commit
-                session.rollback()
+                txn.rollback()
                 log.warning("job was taken from this worker; its transaction was rolled back", extra=self._fields(r))
                 return None
-            session.commit()
+            txn.commit()
             self._count_finished(r, "succeeded")
             return None
         except Exception as exc:

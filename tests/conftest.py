@@ -173,7 +173,7 @@ def dj(django_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(django_url, autocommit=True) as conn:
         conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{name}" for name in TABLES) + " RESTART IDENTITY")
         conn.execute("CREATE TABLE IF NOT EXISTS public.test_orders (id serial PRIMARY KEY, note text)")
-        conn.execute("TRUNCATE public.test_orders")
+        conn.execute("TRUNCATE public.test_orders RESTART IDENTITY")
         yield conn
     connections.close_all()
 

@@ -55,4 +55,4 @@ TEMPLATES = [
     }
 ]
 ROOT_URLCONF = "tests.django_urls"
-TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+TASKS = {"default": {"BACKEND": "fairqueue_django.tasks.FairQueueBackend", "OPTIONS": {"RETRY_BACKOFF": 0.05}}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -17,6 +18,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
+import fairqueue  # noqa: E402
 import fairqueue_django  # noqa: E402
 from tests import worker_tasks as t  # noqa: E402
 
@@ -252,3 +254,72 @@ def test_runworker_runs_orm_handlers_with_fresh_connections(dj: psycopg.Connecti
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, (tmp_path / "runworker.log").read_text()
+
+
+# -- ctx.atomic(): exactly once with the ORM --------------------------------------------------------
+
+
+@pytest.fixture
+def django_worker(django_url: str) -> Iterator[Any]:
+    import threading
+
+    from fairqueue.worker import Worker, WorkerConfig
+    from fairqueue_django.jobs import DjangoJobTransaction, django_job
+
+    started: list[tuple[Any, threading.Thread]] = []
+
+    def start() -> Any:
+        config = WorkerConfig(database_url=django_url, concurrency=2, poll_interval=0.2, maintenance=False)
+        worker = Worker(config, around_job=django_job, job_transaction=lambda: DjangoJobTransaction("default"))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.abort()
+        thread.join(10)
+    t.GATES.clear()
+
+
+def _finished(job_id: int) -> Any:
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        info = fairqueue_django.get_job(job_id)
+        if info is not None and info.finished:
+            return info
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_orm_writes_in_ctx_atomic_commit_with_the_job_or_not_at_all(
+    dj: psycopg.Connection[Any], django_worker: Any
+) -> None:
+    from tests import django_tasks
+
+    ok = fairqueue_django.enqueue_task(django_tasks.atomic_order, "ok")
+    failing = fairqueue_django.enqueue_task(django_tasks.atomic_order, "failing", fail=True)
+    django_worker()
+    assert _finished(ok).result == 1
+    info = _finished(failing)
+    assert (info.status, info.attempt) == ("failed", 2)
+    assert _orders(dj) == ["ok:1"]  # the failing job's two attempts wrote, and rolled back, each time
+
+
+def test_orm_writes_of_a_job_taken_away_mid_run_do_not_commit(dj: psycopg.Connection[Any], django_worker: Any) -> None:
+    from tests import django_tasks
+
+    job_id = fairqueue_django.enqueue_task(django_tasks.atomic_order, "slow", gate="writing")
+    worker = django_worker()
+    assert t.GATES["writing"].wait(20)
+    dj.execute(
+        "UPDATE fairqueue.worker SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (worker.worker_id,)
+    )
+    assert fairqueue.recover_expired_workers(dj) == 1
+    t.GATES["go"].set()
+    info = _finished(job_id)
+    assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost"), (2, "succeeded")]
+    assert _orders(dj) == ["slow:2"]

@@ -346,7 +346,7 @@ def test_notifications_still_arrive_after_the_listener_connection_is_killed(
 ) -> None:
     start_worker(poll_interval=60)  # only a notification can wake it in time
     first = t.add.enqueue(conn, 1)
-    assert finished(conn, first, timeout=10).result == 1
+    assert finished(conn, first, timeout=20).result == 1
     [(killed,)] = conn.execute(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'fairqueue listener'"
     ).fetchall()
@@ -358,7 +358,7 @@ def test_notifications_still_arrive_after_the_listener_connection_is_killed(
         what="a new listener",
     )
     second = t.add.enqueue(conn, 2)
-    assert finished(conn, second, timeout=10).result == 2
+    assert finished(conn, second, timeout=20).result == 2
 
 
 def test_killed_dispatcher_connection_loses_no_job(conn: psycopg.Connection[Any], start_worker: Starter) -> None:

@@ -4,22 +4,28 @@ Options are those of ``fairqueue worker`` (``--help``); their defaults come from
 ``FAIRQUEUE['WORKER']``. Handlers may use the ORM: each job starts and ends with Django's
 ``close_old_connections()`` in its thread, as a request does, so a connection past
 ``CONN_MAX_AGE`` or broken by a database restart is not reused.
+
+When ``TASKS`` uses ``fairqueue_django.tasks.FairQueueBackend``, the ``tasks`` module of every
+installed app is imported too, so Django's ``@task`` functions run without ``--import``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
+from django.apps import apps
+from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections, connections
+from django.db import connections
+from django.utils.module_loading import import_string, module_has_submodule
 
 from fairqueue import cli
 from fairqueue.errors import FairqueueError
 from fairqueue_django import conf
 from fairqueue_django.dburl import database_url
+from fairqueue_django.jobs import DjangoJobTransaction, django_job
+from fairqueue_django.tasks import FairQueueBackend  # also lets the worker find Django tasks
 
 SETTING_NAMES = {
     "IMPORT": "imports",
@@ -32,13 +38,21 @@ SETTING_NAMES = {
 }
 
 
-@contextlib.contextmanager
-def django_job() -> Iterator[None]:
-    close_old_connections()
-    try:
-        yield
-    finally:
-        close_old_connections()
+def uses_fairqueue_backend() -> bool:
+    """True if a backend in ``TASKS`` is fairqueue's."""
+    for params in (getattr(django_settings, "TASKS", None) or {}).values():
+        try:
+            backend = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django reports a broken TASKS entry when it is used
+        if isinstance(backend, type) and issubclass(backend, FairQueueBackend):
+            return True
+    return False
+
+
+def app_task_modules() -> list[str]:
+    """The ``tasks`` modules of the installed apps (apps without one are skipped)."""
+    return [f"{app.name}.tasks" for app in apps.get_app_configs() if module_has_submodule(app.module, "tasks")]
 
 
 class Command(BaseCommand):
@@ -58,11 +72,18 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = argparse.Namespace(**options)
-        if not namespace.imports:
+        imports = list(namespace.imports or [])
+        if uses_fairqueue_backend():
+            imports += [name for name in app_task_modules() if name not in imports]
+        if not imports:
             raise CommandError("give --import MODULE or FAIRQUEUE['WORKER']['IMPORT'] (the modules with your tasks)")
+        namespace.imports = imports
         try:
             url = namespace.database_url or database_url(connections[conf.get().database].settings_dict)
-            code = cli.run_worker(namespace, url, around_job=django_job)
+            alias = conf.get().database
+            code = cli.run_worker(
+                namespace, url, around_job=django_job, job_transaction=lambda: DjangoJobTransaction(alias)
+            )
         except FairqueueError as exc:
             raise CommandError(str(exc)) from None
         if code:

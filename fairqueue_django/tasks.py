@@ -1,0 +1,571 @@
+"""Django's task framework (``django.tasks``) on fairqueue: ``@task`` functions become fairqueue jobs.
+
+    TASKS = {"default": {"BACKEND": "fairqueue_django.tasks.FairQueueBackend"}}
+
+    from django.tasks import task
+
+    @task
+    def send_invoice(invoice_id: int) -> dict: ...
+
+    with transaction.atomic():
+        invoice = Invoice.objects.create(...)
+        result = send_invoice.using(queue_name=f"tenant-{invoice.tenant_id}").enqueue(invoice.pk)
+
+``manage.py runworker`` runs them (it imports the ``tasks`` module of every installed app).
+
+How Django's task model maps onto fairqueue:
+
+- ``enqueue()`` writes the job on the Django connection of ``FAIRQUEUE['DATABASE']`` (or of
+  ``OPTIONS["DATABASE"]``) in the current transaction, like :func:`fairqueue_django.enqueue`: inside
+  ``atomic()`` the job commits or rolls back with the block (a savepoint's rollback takes it too).
+  ``task_enqueued`` is sent at once, so it fires for a job whose transaction may still roll back.
+- The job's kind is the task's ``module_path``; its args are ``{"args": [...], "kwargs": {...}}``
+  (JSON, checked by Django's ``normalize_json`` and by fairqueue's own limits).
+- The result id is the job id, as a string.
+- ``queue_name`` is the job's channel, so ``task.using(queue_name="tenant-42")`` picks the tenant per
+  call. Django's default queue name (``"default"``) is ``FAIRQUEUE['DEFAULT_CHANNEL']``, and that
+  channel reads back as ``"default"``. Without ``QUEUES`` in the backend's settings every queue name is
+  allowed (Django's own default would allow only ``"default"``); with ``QUEUES``, only those.
+- ``priority`` is not supported: fairqueue weighs channels against each other, it has no per-job
+  priority. ``run_after`` becomes the job's ``run_at``.
+- Attempts are fairqueue's: a task that raises is retried with backoff up to ``MAX_ATTEMPTS``
+  attempts; ``TaskContext.attempt`` (the length of ``worker_ids``) is the fairqueue attempt number,
+  and ``worker_ids`` holds the fairqueue worker id of each attempt (``""`` where that is not known).
+- ``get_result()``: ready/scheduled/blocked/waiting are READY, running is RUNNING, succeeded is
+  SUCCESSFUL and any other outcome (failed, timed out, lost, cancelled, dependency failed) is FAILED.
+  ``errors`` has one ``TaskError`` per attempt that did not succeed. fairqueue stores an error as
+  ``Type: message``, a blank line, then the traceback; a message may span lines and ``Type`` is not
+  the full class path, so the worker adds a note to the exception before fairqueue formats it:
+  ``fairqueue_django.exception_class=module.Class header=N`` (N: the length of that first part).
+  ``TaskError.exception_class_path`` comes from the note and ``traceback`` is the text after those N
+  characters, without the note: what ``traceback.format_exception`` gave. Without a note (an error
+  fairqueue recorded itself), the class is fairqueue's exception for the outcome: JobTimeout,
+  JobCancelled, BadArgumentsError, else FairqueueError (lost worker, dependency failed, ...).
+  ``TaskResult.task`` is the ``@task`` object of the job's kind, found among the modules already
+  imported in this process (nothing named by the database is ever imported): a job whose task is not
+  loaded has no result here (``TaskResultDoesNotExist``).
+- On the worker, ``task_started`` and ``task_finished`` are sent around each attempt (in the slot
+  thread for sync tasks; with ``asend_robust`` on the event loop for ``async def`` tasks), with a
+  TaskResult in RUNNING, then SUCCESSFUL or FAILED. Receivers' errors are logged, not raised.
+
+OPTIONS (all optional): ``DATABASE`` (a Django alias, default ``FAIRQUEUE['DATABASE']``),
+``MAX_ATTEMPTS`` (default fairqueue's, 3), ``TIMEOUT`` (seconds per attempt, default none),
+``RETRY_BACKOFF`` / ``RETRY_BACKOFF_MAX`` (seconds, default 1 / 300: exponential, jittered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from inspect import iscoroutinefunction
+from traceback import format_exception
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus
+from django.tasks import Task as DjangoTask
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+
+import fairqueue
+from fairqueue.config import settings as fairqueue_settings
+from fairqueue.errors import InvalidJobError
+from fairqueue.inspection import JobInfo
+from fairqueue.tasks import Backoff, JobContext, registry
+from fairqueue.tasks import Task as FairqueueTask
+from fairqueue.validation import check_max_attempts, check_result, check_seconds
+from fairqueue_django import conf
+
+__all__ = ["FairQueueBackend"]
+
+log = logging.getLogger("fairqueue.django.tasks")
+
+OPTIONS = frozenset({"DATABASE", "MAX_ATTEMPTS", "TIMEOUT", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX"})
+
+STATUSES = {
+    "ready": TaskResultStatus.READY,
+    "scheduled": TaskResultStatus.READY,
+    "blocked": TaskResultStatus.READY,
+    "waiting": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "succeeded": TaskResultStatus.SUCCESSFUL,
+}
+
+# The class of an error the task did not raise itself, by the attempt's outcome.
+RUNTIME_ERRORS = {
+    "timed_out": "fairqueue.tasks.JobTimeout",
+    "cancelled": "fairqueue.tasks.JobCancelled",
+}
+BAD_ARGUMENTS = "fairqueue.tasks.BadArgumentsError"
+OTHER_ERROR = "fairqueue.errors.FairqueueError"
+
+CLASS_NOTE = "fairqueue_django.exception_class="
+_CLASS_LINE = re.compile(r"^[ |]*" + re.escape(CLASS_NOTE) + r"(\S+)(?: header=(\d+))?[ \t]*\n?", re.MULTILINE)
+_TRACEBACK_START = re.compile(r"\n\n(?=(?:  \+ Exception Group )?Traceback \(most recent call last\):\n)")
+_LAST_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+RUNNING_STARTED_AT = "SELECT started_at FROM fairqueue.running_job WHERE job_id = %s AND worker_id IS NOT NULL"
+
+
+class FairQueueBackend(BaseTaskBackend):
+    """Runs Django tasks as fairqueue jobs (see the module's documentation for the mapping)."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        if "QUEUES" not in params:
+            self.queues: set[str] = set()  # any queue name: each one is a channel (Django's default is {"default"})
+        options = self.options or {}
+        if not isinstance(options, Mapping):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS'] must be a dict")
+        unknown = set(options) - OPTIONS
+        if unknown:
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown keys {sorted(unknown)}; known: {sorted(OPTIONS)}"
+            )
+        database = options.get("DATABASE")
+        if database is not None and (not isinstance(database, str) or not database):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] must be a database alias")
+        self._database: str | None = database
+
+        def option(name: str, default: Any, check: Callable[[str, Any], Any]) -> Any:
+            value = options.get(name, default)
+            try:
+                return None if value is None else check(name, value)
+            except InvalidJobError as exc:
+                raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']['{name}']: {exc}") from None
+
+        self.max_attempts: int = option(
+            "MAX_ATTEMPTS", fairqueue_settings.default_max_attempts, lambda _, v: check_max_attempts(v)
+        )
+        self.timeout: float | None = option("TIMEOUT", None, check_seconds)
+        base: float = option("RETRY_BACKOFF", 1.0, check_seconds)
+        cap: float = option("RETRY_BACKOFF_MAX", 300.0, check_seconds)
+        if cap < base:
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: RETRY_BACKOFF_MAX is below RETRY_BACKOFF")
+        self.backoff = Backoff(base, cap, jitter=True)
+
+    # -- mapping ------------------------------------------------------------------------------------
+
+    @property
+    def database(self) -> str:
+        """The Django database alias holding the queue (read on every use: override_settings works)."""
+        return self._database or conf.get().database
+
+    def channel_for(self, queue_name: str) -> str:
+        return conf.get().default_channel if queue_name == DEFAULT_TASK_QUEUE_NAME else queue_name
+
+    def queue_name_for(self, channel: str) -> str:
+        return DEFAULT_TASK_QUEUE_NAME if channel == conf.get().default_channel else channel
+
+    # -- producing ----------------------------------------------------------------------------------
+
+    def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        stored = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        run_at = task.run_after
+        if run_at is not None and timezone.is_naive(run_at):
+            run_at = timezone.make_aware(run_at)  # naive is allowed with USE_TZ = False: TIME_ZONE's time
+        job_id = fairqueue.enqueue(
+            connections[self.database],  # in its current transaction: no on_commit
+            task.module_path,
+            stored,
+            channel=self.channel_for(task.queue_name),
+            run_at=run_at,
+            max_attempts=self.max_attempts,
+            timeout=self.timeout,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=stored["args"],
+            kwargs=stored["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)  # BaseTaskBackend leaves this to backends
+        return result
+
+    # Django's connections are per thread. thread_sensitive=True runs the sync call in the one thread
+    # that runs all thread-sensitive sync code of this request (Django's async ORM methods such as
+    # acreate() run there too), so the job is written and read on the same connection as the caller's
+    # other ORM calls, in the same transaction state; thread_sensitive=False would use any pool thread
+    # and another connection. (This is what BaseTaskBackend does too; it is spelled out to say why.)
+    async def aenqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
+
+    # -- results ------------------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        job_id = _job_id(result_id)
+        if job_id is None:
+            raise TaskResultDoesNotExist(result_id)
+        connection = connections[self.database]
+        info = fairqueue.get_job(connection, job_id)
+        if info is None:
+            raise TaskResultDoesNotExist(result_id)
+        found = _find_task(info.kind)
+        if found is None:
+            raise TaskResultDoesNotExist(
+                f"{result_id}: job {job_id} runs {info.kind!r}, which is no Django task of a fairqueue "
+                "backend loaded in this process (import its module first)"
+            )
+        running_started_at = None
+        if info.status == "running":
+            with connection.cursor() as cursor:
+                cursor.execute(RUNNING_STARTED_AT, [job_id])
+                row = cursor.fetchone()
+            running_started_at = row[0] if row else None
+        # a job that has not run yet and waits for its time: the run_after it was enqueued with
+        run_after = None
+        if info.status == "scheduled" and info.attempt == 0 and info.run_at and info.run_at > info.enqueued_at:
+            run_after = info.run_at
+        task = _task_for_job(found, self, info.channel, run_after)
+        return _result_from_job(info, task, self.alias, running_started_at)
+
+
+# -- reading jobs back --------------------------------------------------------------------------------
+
+
+def _job_id(result_id: object) -> int | None:
+    text = str(result_id).strip()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) < 2**63:
+        return None
+    return int(text)
+
+
+def _find_task(kind: str) -> DjangoTask | None:
+    """The ``@task`` named ``kind`` if its module is imported already and its backend is fairqueue's.
+    Only looks in ``sys.modules``: kinds come from the database, and naming a module there must not
+    be enough to have it imported."""
+    module_name, _, attribute = kind.rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    if module is None:
+        return None
+    candidate = vars(module).get(attribute)  # not getattr: no module __getattr__ runs
+    if not isinstance(candidate, DjangoTask) or candidate.module_path != kind:
+        return None
+    try:
+        backend = candidate.get_backend()
+    except InvalidTaskBackend:
+        return None
+    return candidate if isinstance(backend, FairQueueBackend) else None
+
+
+def _task_for_job(task: DjangoTask, backend: FairQueueBackend, channel: str, run_after: datetime | None) -> DjangoTask:
+    """``task`` as the job was enqueued, as far as the job tells: its queue, backend and run_after."""
+    changes: dict[str, Any] = {}
+    queue_name = backend.queue_name_for(channel)
+    if queue_name != task.queue_name:
+        changes["queue_name"] = queue_name
+    if task.backend != backend.alias:
+        changes["backend"] = backend.alias
+    if run_after is not None and run_after != task.run_after:
+        changes["run_after"] = run_after
+    if not changes:
+        return task
+    try:
+        return dataclasses.replace(task, **changes)
+    except InvalidTask:  # e.g. a channel that is not in QUEUES (the job was enqueued some other way)
+        return task
+
+
+def _task_error(outcome: str, text: str) -> TaskError:
+    """A TaskError from fairqueue's error text: ``Type: message\\n\\nTraceback ...`` for exceptions."""
+    notes = _CLASS_LINE.findall(text)
+    header = int(notes[-1][1]) if notes and notes[-1][1] else None
+    start = _TRACEBACK_START.search(text)
+    if header is not None and header <= len(text):
+        traceback = text[header:]  # exactly what traceback.format_exception gave
+    elif start:
+        traceback = text[start.end() :]
+    else:
+        traceback = text
+    traceback = _CLASS_LINE.sub("", traceback)
+    if notes:
+        path = notes[-1][0]
+    elif outcome in RUNTIME_ERRORS:
+        path = RUNTIME_ERRORS[outcome]
+    elif text.startswith("bad arguments:"):
+        path = BAD_ARGUMENTS
+    elif start:  # raised by the task, but recorded without the note (an older worker): its last line
+        lines = traceback.rstrip("\n").rsplit("\n", 1)
+        last = _LAST_EXCEPTION_LINE.match(lines[-1])
+        path = OTHER_ERROR if last is None else (last[1] if "." in last[1] else f"builtins.{last[1]}")
+    else:
+        path = OTHER_ERROR
+    return TaskError(exception_class_path=path, traceback=traceback)
+
+
+def _attempt_history(info: JobInfo | None, before: int) -> tuple[dict[int, str], list[TaskError], list[datetime]]:
+    """Worker ids by attempt number, errors and start times of the attempts numbered below ``before``."""
+    worker_ids: dict[int, str] = {}
+    errors: list[TaskError] = []
+    starts: list[datetime] = []
+    for a in info.attempts if info is not None else ():
+        if a.attempt >= before:
+            continue
+        if a.started_at is not None:
+            starts.append(a.started_at)
+            if a.worker_id is not None:
+                worker_ids[a.attempt] = str(a.worker_id)
+        if a.outcome != "succeeded" and a.error:
+            errors.append(_task_error(a.outcome, a.error))
+    return worker_ids, errors, starts
+
+
+def _stored_arguments(args: object) -> tuple[list[Any], dict[str, Any]]:
+    stored = args if isinstance(args, dict) else {}
+    positional, keywords = stored.get("args"), stored.get("kwargs")
+    return (positional if isinstance(positional, list) else [], keywords if isinstance(keywords, dict) else {})
+
+
+def _result_from_job(info: JobInfo, task: DjangoTask, alias: str, running_started_at: datetime | None) -> TaskResult:
+    worker_ids, errors, starts = _attempt_history(info, before=info.attempt + 1)
+    if info.status == "running" and info.worker_id is not None:
+        worker_ids[info.attempt] = str(info.worker_id)
+        if running_started_at is not None:
+            starts.append(running_started_at)
+    status = STATUSES.get(info.status, TaskResultStatus.FAILED)
+    args, kwargs = _stored_arguments(info.args)
+    result = TaskResult(
+        task=task,
+        id=str(info.id),
+        status=status,
+        enqueued_at=info.enqueued_at,
+        started_at=min(starts, default=None),
+        finished_at=info.finished_at if info.finished else None,
+        last_attempted_at=max(starts, default=None),
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=[worker_ids.get(n, "") for n in range(1, info.attempt + 1)],
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", info.result)
+    return result
+
+
+# -- running jobs on a worker -------------------------------------------------------------------------
+
+
+def _running_result(
+    task: DjangoTask, ctx: JobContext, args: list[Any], kwargs: dict[str, Any], history: JobInfo | None
+) -> TaskResult:
+    """The TaskResult of the attempt that starts now (``history``: the job as stored, for retries)."""
+    backend = task.get_backend()
+    worker_ids, errors, starts = _attempt_history(history, before=ctx.attempt)
+    worker_ids[ctx.attempt] = str(ctx.worker_id)
+    return TaskResult(
+        task=_task_for_job(task, backend, ctx.channel, None),
+        id=str(ctx.job_id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=ctx.enqueued_at,
+        started_at=min([*starts, ctx.started_at]),
+        finished_at=None,
+        last_attempted_at=ctx.started_at,
+        args=args,
+        kwargs=kwargs,
+        backend=backend.alias,
+        errors=errors,
+        worker_ids=[worker_ids.get(n, "") for n in range(1, ctx.attempt + 1)],
+    )
+
+
+def _history(alias: str, job_id: int) -> JobInfo | None:
+    return fairqueue.get_job(connections[alias], job_id)
+
+
+def _history_in_a_thread(alias: str, job_id: int) -> JobInfo | None:
+    """For async tasks: on a pool thread's own connection, closed afterwards (nothing closes it later)."""
+    try:
+        return _history(alias, job_id)
+    finally:
+        connections[alias].close()
+
+
+def _arguments(args: object, kwargs: object) -> tuple[list[Any], dict[str, Any]]:
+    if args is not None and not isinstance(args, list):
+        raise TypeError(f"the job's args['args'] must be a list, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"the job's args['kwargs'] must be an object, got {type(kwargs).__name__}")
+    return list(args or []), dict(kwargs or {})
+
+
+def _note_class(exc: BaseException) -> None:
+    """Records the exception's class path in fairqueue's error text (see the module documentation),
+    and the length of the ``Type: message`` header the worker puts before the traceback."""
+    cls = type(exc)
+    try:
+        header = len(f"{cls.__name__}: {exc}\n\n")  # as fairqueue.worker writes it
+    except Exception:  # a broken __str__: the worker copes, and so does _task_error
+        header = None
+    note = f"{CLASS_NOTE}{cls.__module__}.{cls.__qualname__}" + ("" if header is None else f" header={header}")
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        notes[:] = [n for n in notes if not (isinstance(n, str) and n.startswith(CLASS_NOTE))]
+    exc.add_note(note)
+
+
+def _failed(result: TaskResult, exc: BaseException) -> None:
+    cls = type(exc)
+    result.errors.append(
+        TaskError(exception_class_path=f"{cls.__module__}.{cls.__qualname__}", traceback="".join(format_exception(exc)))
+    )
+    object.__setattr__(result, "status", TaskResultStatus.FAILED)
+    object.__setattr__(result, "finished_at", timezone.now())
+
+
+def _succeeded(result: TaskResult, value: Any) -> None:
+    object.__setattr__(result, "_return_value", value)
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+
+
+def _storable(value: Any) -> Any:
+    """The return value as Django normalises it, if fairqueue can store it (else raises)."""
+    normalized = normalize_json(value)
+    check_result(normalized, limit=fairqueue_settings.max_result_bytes)
+    return normalized
+
+
+def _run(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object = None) -> Any:
+    """The fairqueue handler of a sync Django task (runs in a worker's slot thread)."""
+    try:
+        positional, keywords = _arguments(args, kwargs)
+        history = _history(task.get_backend().database, ctx.job_id) if ctx.attempt > 1 else None
+        result = _running_result(task, ctx, positional, keywords, history)
+    except BaseException as exc:
+        _note_class(exc)
+        raise
+    sender = type(task.get_backend())
+    task_started.send_robust(sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = task.func(TaskContext(task_result=result), *positional, **keywords)
+        else:
+            value = task.func(*positional, **keywords)
+    except BaseException as exc:
+        _failed(result, exc)
+        task_finished.send_robust(sender, task_result=result)  # inside except: receivers see exc_info
+        _note_class(exc)
+        raise
+    try:
+        stored = _storable(value)
+    except Exception as exc:
+        _failed(result, exc)
+        task_finished.send_robust(sender, task_result=result)
+        return value  # the worker fails the job for good: "the handler's return value cannot be stored"
+    _succeeded(result, stored)
+    task_finished.send_robust(sender, task_result=result)
+    return stored
+
+
+async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object = None) -> Any:
+    """The fairqueue handler of an ``async def`` Django task (runs on the worker's event loop)."""
+    try:
+        positional, keywords = _arguments(args, kwargs)
+        history = None
+        if ctx.attempt > 1:
+            history = await sync_to_async(_history_in_a_thread, thread_sensitive=False)(
+                task.get_backend().database, ctx.job_id
+            )
+        result = _running_result(task, ctx, positional, keywords, history)
+    except BaseException as exc:
+        _note_class(exc)
+        raise
+    sender = type(task.get_backend())
+    await task_started.asend_robust(sender, task_result=result)
+    try:
+        if task.takes_context:
+            value = await task.func(TaskContext(task_result=result), *positional, **keywords)
+        else:
+            value = await task.func(*positional, **keywords)
+    except BaseException as exc:
+        _failed(result, exc)
+        await task_finished.asend_robust(sender, task_result=result)
+        _note_class(exc)
+        raise
+    try:
+        stored = _storable(value)
+    except Exception as exc:
+        _failed(result, exc)
+        await task_finished.asend_robust(sender, task_result=result)
+        return value
+    _succeeded(result, stored)
+    await task_finished.asend_robust(sender, task_result=result)
+    return stored
+
+
+def _handler(task: DjangoTask) -> FairqueueTask[Any, Any]:
+    """A fairqueue task (not registered by name) that runs ``task`` from its job's stored arguments."""
+    backend = task.get_backend()
+    if iscoroutinefunction(task.func):
+
+        async def run_async(ctx: JobContext, args: object = None, kwargs: object = None) -> Any:
+            return await _arun(task, ctx, args, kwargs)
+
+        fn: Any = run_async
+    else:
+
+        def run(ctx: JobContext, args: object = None, kwargs: object = None) -> Any:
+            return _run(task, ctx, args, kwargs)
+
+        fn = run
+    return FairqueueTask(
+        fn,
+        name=task.module_path,
+        channel=backend.channel_for(task.queue_name),
+        max_attempts=backend.max_attempts,
+        timeout=backend.timeout,
+        backoff=backend.backoff,
+        pass_context=True,
+    )
+
+
+_handlers: dict[str, tuple[DjangoTask, FairQueueBackend, FairqueueTask[Any, Any]]] = {}
+
+
+def resolve(kind: str) -> FairqueueTask[Any, Any] | None:
+    """The resolver of :data:`fairqueue.tasks.registry`: Django tasks of this backend, by module path,
+    among the modules imported already (``manage.py runworker`` imports every app's ``tasks``)."""
+    try:
+        task = _find_task(kind)
+        if task is None:
+            return None
+        backend = task.get_backend()
+        cached = _handlers.get(kind)
+        if cached is not None and cached[0] is task and cached[1] is backend:
+            return cached[2]
+        handler = _handler(task)
+        _handlers[kind] = (task, backend, handler)
+        return handler
+    except Exception:
+        log.exception("could not look up a Django task", extra={"kind": kind})
+        return None
+
+
+registry.add_resolver(resolve)

@@ -1,0 +1,123 @@
+"""The data of the admin's "Queue overview" page (the page itself is fairqueue_django.admin.QueueOverviewAdmin).
+
+It is what ``fairqueue status`` shows (fairqueue.status.collect_status: backlog, running and oldest
+ready job per channel, workers, the last hour's outcomes and failures), plus how long jobs waited
+between ready and started over the last hour (median and 95th percentile, per channel), all read
+in one REPEATABLE READ snapshot, and the geometry of a bar chart of the backlog per channel.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db import connections, transaction
+
+from fairqueue.status import collect_status, duration
+
+#: The window of the wait-time percentiles and the outcome counts.
+SINCE_HOURS = 1.0
+#: Channels drawn in the chart and listed in the table (largest backlog first).
+CHART_CHANNELS = 25
+TABLE_CHANNELS = 200
+FAILURES = 10
+
+# How long attempts that finished in the window waited in the ready queue (ready_at to started_at),
+# per channel and over all channels (the row whose channel is NULL). The bound on finished_at skips
+# the older day partitions.
+WAIT_PERCENTILES = """
+SELECT channel, grouping(channel) = 1, count(*),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY waited),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY waited)
+FROM (SELECT channel, extract(epoch FROM started_at - ready_at)::double precision AS waited
+      FROM fairqueue.completed_job
+      WHERE finished_at >= now() - %(hours)s::double precision * interval '1 hour'
+        AND started_at IS NOT NULL AND ready_at IS NOT NULL) AS w
+GROUP BY GROUPING SETS ((channel), ())
+"""
+
+# bar chart geometry, in SVG user units
+LABEL_WIDTH = 180
+BAR_WIDTH = 360
+BAR_HEIGHT = 18
+BAR_GAP = 6
+VALUE_WIDTH = 80
+
+
+def _read(alias: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    db = connections[alias]
+    outermost = not db.in_atomic_block
+    with transaction.atomic(using=alias):
+        if outermost:  # inside a caller's transaction (ATOMIC_REQUESTS) its snapshot rules
+            with db.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        status = collect_status(db, since_hours=SINCE_HOURS, failures=FAILURES)
+        with db.cursor() as cursor:
+            cursor.execute(WAIT_PERCENTILES, {"hours": SINCE_HOURS})
+            waits = cursor.fetchall()
+    return status, waits
+
+
+def chart(channels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bars for the channels with the largest backlog (``channels`` come largest first)."""
+    shown = [c for c in channels if c["ready"] > 0][:CHART_CHANNELS]
+    top = max((c["ready"] for c in shown), default=0)
+    bars = []
+    for i, c in enumerate(shown):
+        y = i * (BAR_HEIGHT + BAR_GAP)
+        bars.append(
+            {
+                "name": c["name"],
+                "ready": c["ready"],
+                "y": y,
+                "text_y": y + BAR_HEIGHT - 5,
+                "width": max(1, round(BAR_WIDTH * c["ready"] / top)),
+            }
+        )
+    return {
+        "bars": bars,
+        "label_width": LABEL_WIDTH,
+        "value_x": LABEL_WIDTH + BAR_WIDTH + 6,
+        "bar_height": BAR_HEIGHT,
+        "width": LABEL_WIDTH + BAR_WIDTH + VALUE_WIDTH,
+        "height": max(1, len(bars) * (BAR_HEIGHT + BAR_GAP) - BAR_GAP),
+        "more": sum(1 for c in channels if c["ready"] > 0) - len(bars),
+    }
+
+
+def overview(alias: str) -> dict[str, Any]:
+    """The template context of the overview page, read from database ``alias``."""
+    status, wait_rows = _read(alias)
+    per_channel: dict[str, dict[str, Any]] = {}
+    none = {"count": 0, "p50": duration(None), "p95": duration(None)}
+    overall = none
+    for channel, is_total, count, p50, p95 in wait_rows:
+        waits = {"count": int(count), "p50": duration(p50), "p95": duration(p95)}
+        if is_total:
+            overall = waits
+        else:
+            per_channel[channel] = waits
+    channels = status["channels"]
+    rows = [
+        {
+            **c,
+            "oldest_ready": duration(c["oldest_ready_seconds"]),
+            "waits": per_channel.get(c["name"], none),
+        }
+        for c in channels[:TABLE_CHANNELS]
+    ]
+    workers = status["workers"]
+    return {
+        "status": status,
+        "since_hours": f"{SINCE_HOURS:g}",
+        "jobs": status["jobs"],
+        "history": status["history"],
+        "channels": rows,
+        "channels_hidden": max(0, len(channels) - TABLE_CHANNELS),
+        "overall_wait": overall,
+        "chart": chart(channels),
+        "workers": workers,
+        "workers_expired": sum(1 for w in workers if w["expired"]),
+        "generated_at": datetime.fromisoformat(status["generated_at"]),
+        "failures": [{**f, "finished_at": datetime.fromisoformat(f["finished_at"])} for f in status["failures"]],
+    }

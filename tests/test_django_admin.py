@@ -1,0 +1,706 @@
+"""The Django admin pages (fairqueue_django/admin.py), through Django's test client on the real database:
+what each page shows, the actions (cancel, retry, pause/resume, channel limits) and who may do what."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+
+django = pytest.importorskip("django")
+
+from django.test import Client  # noqa: E402
+
+import fairqueue_django  # noqa: E402
+
+ADMIN = "/admin/fairqueue"
+USER_PREFIX = "fq-admin-"
+
+
+@pytest.fixture(scope="module")
+def test_environment(django_url: str) -> Iterator[None]:
+    """What Django's test runner sets up: the 'testserver' host and template context capture."""
+    from django.test.utils import setup_test_environment, teardown_test_environment
+
+    try:
+        setup_test_environment()
+    except RuntimeError:  # set up already by another module of this process
+        yield
+        return
+    yield
+    teardown_test_environment()
+
+
+MakeClient = Callable[..., Client]
+
+
+@pytest.fixture
+def login(dj: psycopg.Connection[Any], test_environment: None) -> Iterator[MakeClient]:
+    """``login(name, *permissions, superuser=False)``: a client logged in as a new staff user."""
+    from django.contrib.auth.models import Permission, User
+
+    def make(name: str, *permissions: str, superuser: bool = False, staff: bool = True) -> Client:
+        username = USER_PREFIX + name
+        if superuser:
+            user = User.objects.create_superuser(username, f"{name}@example.com", None)
+        else:
+            user = User.objects.create_user(username, f"{name}@example.com", None, is_staff=staff)
+        for codename in permissions:
+            user.user_permissions.add(Permission.objects.get(content_type__app_label="fairqueue", codename=codename))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    yield make
+    User.objects.filter(username__startswith=USER_PREFIX).delete()
+
+
+@dataclass
+class Queue:
+    worker: int
+    failed: int  # ended: one final failed attempt
+    retrying: int  # live: one failed attempt, waiting out its backoff
+    running: int
+    ready: int
+    ready_too: int
+    scheduled: int
+    blocked: int
+    fifo_head: int
+    waiting: int
+
+
+@pytest.fixture
+def queue(dj: psycopg.Connection[Any]) -> Queue:
+    """A queue with a job in every state, a worker, history and configured channels."""
+    worker = fairqueue.register_worker(
+        dj, "worker-1", lease_seconds=300, info={"host": "box-1", "pid": 4242, "concurrency": 4}
+    )
+    fairqueue.configure_channel(dj, "tenant-a", max_concurrency=5, rate_limit="10/s", burst=3, weight=2)
+
+    failed = fairqueue_django.enqueue(
+        "emails.send", {"to": "<b>ann</b>", "n": [1, 2]}, channel="tenant-b", max_attempts=1
+    )
+    [claimed] = fairqueue.claim_batch(dj, worker, 1)
+    assert claimed.id == failed
+    fairqueue.fail(dj, worker, failed, "Traceback (most recent call last):\n  <frame>\nValueError: <bad> address")
+
+    retrying = fairqueue_django.enqueue("emails.send", {"to": "bob"}, channel="tenant-b", max_attempts=3)
+    [claimed] = fairqueue.claim_batch(dj, worker, 1)
+    assert claimed.id == retrying
+    fairqueue.fail(dj, worker, retrying, "Timeout talking to smtp", retry_in=3600)
+
+    running = fairqueue_django.enqueue("video.encode", {"file": "a.mp4"}, channel="tenant-c")
+    [claimed] = fairqueue.claim_batch(dj, worker, 1)
+    assert claimed.id == running
+
+    ready = fairqueue_django.enqueue("reports.build", {"month": 1}, channel="tenant-a")
+    ready_too = fairqueue_django.enqueue("reports.build", {"month": 2}, channel="tenant-a")
+    scheduled = fairqueue_django.enqueue("reports.send", {}, channel="tenant-a", delay=3600)
+    blocked = fairqueue_django.enqueue("reports.archive", {}, channel="tenant-d", after=[ready])
+    fifo_head = fairqueue_django.enqueue("ledger.post", {"entry": 1}, channel="tenant-d", fifo_key="acct-1")
+    waiting = fairqueue_django.enqueue("ledger.post", {"entry": 2}, channel="tenant-d", fifo_key="acct-1")
+    dj.execute("SELECT fairqueue.promote_due_jobs()")  # the worker side places jobs with after= / fifo_key
+    return Queue(worker, failed, retrying, running, ready, ready_too, scheduled, blocked, fifo_head, waiting)
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+
+def _text(response: Any) -> str:
+    return str(response.content.decode())
+
+
+def _rows(response: Any) -> list[Any]:
+    assert response.status_code == 200, response.status_code
+    return list(response.context["cl"].result_list)
+
+
+def _statuses(client: Client, query: str = "") -> dict[int, str]:
+    return {job.id: job.status for job in _rows(client.get(f"{ADMIN}/job/{query}"))}
+
+
+def _messages(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def _live(dj: psycopg.Connection[Any]) -> set[int]:
+    return {r[0] for r in dj.execute("SELECT id FROM fairqueue.job")}
+
+
+def _channel(dj: psycopg.Connection[Any], name: str) -> tuple[Any, ...]:
+    row = dj.execute(
+        "SELECT max_concurrency, rate_limit, rate_burst, weight, paused FROM fairqueue.channel WHERE name = %s",
+        (name,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _history_key(dj: psycopg.Connection[Any], job_id: int) -> str:
+    from fairqueue_django.admin import attempt_key
+    from fairqueue_django.models import CompletedJob
+
+    return attempt_key(CompletedJob.objects.filter(job_id=job_id).order_by("-finished_at").first())
+
+
+def _action(action: str, *selected: object, change_form: bool = False) -> dict[str, Any]:
+    key = "CHANGE_FORM-action" if change_form else "action"
+    return {key: action, "_selected_action": [str(s) for s in selected], "index": "0"}
+
+
+def _insert_old_attempt(dj: psycopg.Connection[Any], job_id: int, days_ago: float) -> None:
+    dj.execute(
+        """
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, error,
+                                             enqueued_at, ready_at, started_at, finished_at)
+        VALUES (%(id)s, 1, 'failed', true, 'old.job', 'tenant-old', '{"old": true}', 'old failure',
+                now() - %(age)s, now() - %(age)s, now() - %(age)s, now() - %(age)s)
+        """,
+        {"id": job_id, "age": timedelta(days=days_ago)},
+    )
+
+
+# -- what a superuser sees ------------------------------------------------------------------------------------
+
+
+def test_the_admin_index_links_every_page(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    page = _text(client.get("/admin/"))
+    for path in ("job", "completedjob", "channel", "worker", "queueoverview"):
+        assert f'href="{ADMIN}/{path}/"' in page
+    assert "Queue overview" in page and "Live jobs" in page and "Finished attempts (history)" in page
+
+
+def test_live_jobs_show_each_jobs_status_and_filter_on_it(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    q = queue
+    assert _statuses(client) == {
+        q.retrying: "scheduled",
+        q.running: "running",
+        q.ready: "ready",
+        q.ready_too: "ready",
+        q.scheduled: "scheduled",
+        q.blocked: "blocked",
+        q.fifo_head: "ready",
+        q.waiting: "waiting",
+    }
+    assert set(_statuses(client, "?status=ready")) == {q.ready, q.ready_too, q.fifo_head}
+    assert set(_statuses(client, "?status=running")) == {q.running}
+    assert set(_statuses(client, "?status=scheduled")) == {q.retrying, q.scheduled}
+    assert set(_statuses(client, "?status=blocked")) == {q.blocked}
+    assert set(_statuses(client, "?status=waiting")) == {q.waiting}
+    # attempts so far: the retrying job failed once
+    rows = {job.id: job for job in _rows(client.get(f"{ADMIN}/job/"))}
+    assert (rows[q.retrying].attempt, rows[q.running].attempt, rows[q.ready].attempt) == (1, 1, 0)
+    page = _text(client.get(f"{ADMIN}/job/"))
+    assert "1 of 3" in page and "video.encode" in page
+
+
+def test_live_jobs_search_and_filters(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    assert set(_statuses(client, f"?q={queue.running}")) == {queue.running}  # a job id: exactly that job
+    assert set(_statuses(client, "?q=reports.bu")) == {queue.ready, queue.ready_too}  # part of a kind
+    assert set(_statuses(client, "?q=tenant-d")) == {queue.blocked, queue.fifo_head, queue.waiting}
+    assert set(_statuses(client, "?channel=tenant-a")) == {queue.ready, queue.ready_too, queue.scheduled}
+    assert set(_statuses(client, "?kind=ledger.post")) == {queue.fifo_head, queue.waiting}
+    assert set(_statuses(client, "?kind=ledger.post&status=waiting")) == {queue.waiting}
+    assert set(_statuses(client, "?channel=tenant-a&q=reports.send")) == {queue.scheduled}
+    assert _statuses(client, "?q=999999") == {}
+
+
+def test_a_live_jobs_page_shows_its_args_escaped_and_its_earlier_attempts(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    page = _text(client.get(f"{ADMIN}/job/{queue.retrying}/change/"))
+    assert '<pre class="fairqueue-json">{\n  &quot;to&quot;: &quot;bob&quot;\n}</pre>' in page
+    assert "retry after a failed attempt" in page
+    assert "Timeout talking to smtp" in page  # the failed attempt, inline
+    assert f'href="{ADMIN}/completedjob/{quote_key(dj, queue.retrying)}/change/"' in page
+
+    page = _text(client.get(f"{ADMIN}/job/{queue.running}/change/"))
+    assert f'running on <a href="{ADMIN}/worker/{queue.worker}/change/">worker {queue.worker}</a>' in page
+    assert "none yet" in page  # no earlier attempts
+    page = _text(client.get(f"{ADMIN}/job/{queue.blocked}/change/"))
+    assert f"waiting for job {queue.ready} to succeed" in page
+    page = _text(client.get(f"{ADMIN}/job/{queue.waiting}/change/"))
+    assert "FIFO key acct-1" in page
+    # a job that ended is in the history, not here
+    response = client.get(f"{ADMIN}/job/{queue.failed}/change/", follow=True)
+    assert any("doesn\u2019t exist" in m for m in _messages(response))
+
+
+def test_the_history_lists_attempts_and_shows_one_in_full(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    rows = _rows(client.get(f"{ADMIN}/completedjob/"))
+    assert {(r.job_id, r.attempt, r.outcome, r.final) for r in rows} == {
+        (queue.failed, 1, "failed", True),
+        (queue.retrying, 1, "failed", False),
+    }
+    page = _text(client.get(f"{ADMIN}/completedjob/"))
+    assert "ValueError: &lt;bad&gt; address" in page  # of a traceback, the list shows the exception
+    assert "Traceback" not in page and "&lt;frame&gt;" not in page
+    assert "Timeout talking to smtp" in page
+
+    response = client.get(f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/")
+    page = _text(response)
+    assert response.status_code == 200
+    assert "&quot;to&quot;: &quot;&lt;b&gt;ann&lt;/b&gt;&quot;" in page and '<pre class="fairqueue-json">' in page
+    assert (
+        '<pre class="fairqueue-text">Traceback (most recent call last):\n  &lt;frame&gt;\n'
+        "ValueError: &lt;bad&gt; address</pre>"
+    ) in page
+    assert "<b>ann</b>" not in page
+    # an address that is no row: back to the list
+    response = client.get(f"{ADMIN}/completedjob/{queue.failed}-9-failed-0/change/", follow=True)
+    assert any("doesn\u2019t exist" in m for m in _messages(response))
+
+
+def quote_key(dj: psycopg.Connection[Any], job_id: int) -> str:
+    from django.contrib.admin.utils import quote
+
+    return str(quote(_history_key(dj, job_id)))
+
+
+def test_the_history_shows_the_last_24_hours_unless_asked(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    from django.utils import timezone
+
+    client = login("root", superuser=True)
+    _insert_old_attempt(dj, 777, days_ago=3)
+
+    def job_ids(query: str = "") -> set[int]:
+        return {r.job_id for r in _rows(client.get(f"{ADMIN}/completedjob/{query}"))}
+
+    assert job_ids() == {queue.failed, queue.retrying}  # default: the last 24 hours
+    assert job_ids("?window=7d") == {queue.failed, queue.retrying, 777}
+    assert job_ids("?window=all") == {queue.failed, queue.retrying, 777}
+    assert job_ids("?window=1h") == {queue.failed, queue.retrying}
+    today = timezone.localdate()
+    since, until = today - timedelta(days=4), today - timedelta(days=2)
+    assert job_ids(f"?finished_from={since}&finished_until={until}") == {777}
+    assert job_ids(f"?finished_from={since}") == {queue.failed, queue.retrying, 777}
+    assert job_ids("?q=777") == {777}  # a job id is looked up on every day
+    assert job_ids("?q=777&window=24h") == set()
+    page = _text(client.get(f"{ADMIN}/completedjob/"))
+    assert '<li class="selected"><a href="?">Last 24 hours (default)</a></li>' in page
+    # an unreadable date is refused, not ignored
+    response = client.get(f"{ADMIN}/completedjob/?finished_from=yesterday")
+    assert response.status_code == 302 and response["Location"].endswith("?e=1")
+
+
+def test_the_history_filters(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    fairqueue.cancel(dj, queue.ready_too)
+
+    def job_ids(query: str) -> set[int]:
+        return {r.job_id for r in _rows(client.get(f"{ADMIN}/completedjob/{query}"))}
+
+    assert job_ids("?outcome__exact=cancelled") == {queue.ready_too}
+    assert job_ids("?outcome__exact=failed") == {queue.failed, queue.retrying}
+    assert job_ids("?final__exact=0") == {queue.retrying}
+    assert job_ids("?final__exact=1&outcome__exact=failed") == {queue.failed}
+    assert job_ids("?channel=tenant-a") == {queue.ready_too}
+    assert job_ids("?kind=emails.send") == {queue.failed, queue.retrying}
+    assert job_ids(f"?q={queue.retrying}") == {queue.retrying}
+    assert job_ids("?q=reports.build") == {queue.ready_too}  # an exact kind
+
+
+def test_channels_list_counts_and_settings(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    rows = {c.name: c for c in _rows(client.get(f"{ADMIN}/channel/"))}
+    a = rows["tenant-a"]
+    assert (a.backlog, a.running_jobs, a.scheduled_jobs) == (2, 0, 1)
+    assert (a.max_concurrency, a.rate_limit, a.rate_burst, a.weight, a.paused) == (5, "10/s", 3.0, 2, False)
+    assert (rows["tenant-c"].backlog, rows["tenant-c"].running_jobs) == (0, 1)
+    page = _text(client.get(f"{ADMIN}/channel/tenant-a/change/"))
+    assert 'name="max_concurrency" value="5"' in page and 'name="rate_limit" value="10/s"' in page
+    # sorted by backlog, largest first
+    names = [c.name for c in _rows(client.get(f"{ADMIN}/channel/?o=-2"))]
+    assert names[0] == "tenant-a"
+
+
+def test_workers_list_their_lease_and_jobs(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    response = client.get(f"{ADMIN}/worker/")
+    [worker] = _rows(response)
+    assert (worker.id, worker.name, worker.info_host, worker.info_pid, worker.running_jobs) == (
+        queue.worker,
+        "worker-1",
+        "box-1",
+        "4242",
+        1,
+    )
+    assert timedelta(0) <= worker.since_heartbeat < timedelta(minutes=1)
+    assert timedelta(minutes=4) < worker.until_lease_end <= timedelta(minutes=5)
+    page = _text(response)
+    assert "box-1" in page and "4242" in page
+    page = _text(client.get(f"{ADMIN}/worker/{queue.worker}/change/"))
+    assert f'<a href="{ADMIN}/job/{queue.running}/change/">{queue.running}</a>' in page
+    assert "&quot;concurrency&quot;: 4" in page
+
+
+def test_the_overview_shows_backlog_waits_and_a_chart(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    response = client.get(f"{ADMIN}/queueoverview/")
+    assert response.status_code == 200
+    page = _text(response)
+    assert "<svg" in page and "<script" not in page.split('id="content-main"')[1].split("<!-- END Content")[0]
+    bars = response.context["chart"]["bars"]
+    assert [(b["name"], b["ready"]) for b in bars] == [("tenant-a", 2), ("tenant-d", 1)]
+    assert bars[0]["width"] == 2 * bars[1]["width"]
+    assert re.search(r'<rect class="bar" x="\d+" y="0" width="\d+"', page)
+    channels = {c["name"]: c for c in response.context["channels"]}
+    assert channels["tenant-a"]["ready"] == 2 and channels["tenant-c"]["running"] == 1
+    assert channels["tenant-b"]["waits"]["count"] == 2  # two attempts started and finished in the last hour
+    assert response.context["overall_wait"]["p50"] != "-"
+    assert response.context["history"]["failed"] == 1
+    assert f'href="{ADMIN}/completedjob/?q={queue.failed}"' in page  # recent failures link to the history
+
+
+def test_nothing_can_be_added_or_deleted(login: MakeClient, queue: Queue) -> None:
+    client = login("root", superuser=True)
+    for path in (
+        f"{ADMIN}/job/add/",
+        f"{ADMIN}/channel/add/",
+        f"{ADMIN}/worker/add/",
+        f"{ADMIN}/job/{queue.ready}/delete/",
+        f"{ADMIN}/channel/tenant-a/delete/",
+        f"{ADMIN}/worker/{queue.worker}/delete/",
+    ):
+        assert client.get(path).status_code == 403, path
+        assert client.post(path, {"post": "yes"}).status_code == 403, path
+    response = client.get(f"{ADMIN}/job/")
+    assert [name for name, _ in response.context["action_form"].fields["action"].choices] == ["", "cancel_jobs"]
+
+
+# -- actions ------------------------------------------------------------------------------------------------
+
+
+def test_cancel_jobs_from_the_list(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready, queue.running), follow=True)
+    assert sorted(_messages(response)) == [
+        f"Job {queue.running}: running: cancel requested, its worker stops it",
+        f"Job {queue.ready}: cancelled",
+    ]
+    assert queue.ready not in _live(dj)
+    assert dj.execute(
+        "SELECT outcome, final FROM fairqueue.completed_job WHERE job_id = %s", (queue.ready,)
+    ).fetchall() == [("cancelled", True)]
+    assert dj.execute(
+        "SELECT cancel_requested FROM fairqueue.running_job WHERE job_id = %s", (queue.running,)
+    ).fetchone() == (True,)
+    # the job that waited for it ended too; its history page has an outcome with an underscore in its address
+    key = quote_key(dj, queue.blocked)
+    assert "-dependency_5Ffailed-" in key
+    page = _text(client.get(f"{ADMIN}/completedjob/{key}/change/"))
+    assert "dependency failed" in page and "reports.archive" in page
+
+
+def test_cancel_a_job_from_its_page(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/job/{queue.scheduled}/change/"
+    page = _text(client.get(url))
+    assert '<option value="cancel_jobs">Cancel this job</option>' in page
+    response = client.post(url, _action("cancel_jobs", queue.scheduled, change_form=True), follow=True)
+    assert f"Job {queue.scheduled}: cancelled" in _messages(response)
+    assert queue.scheduled not in _live(dj)
+
+
+def test_retry_a_failed_job_from_the_history(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    assert queue.failed not in _live(dj)
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed), follow=True)
+    assert _messages(response) == [f"Job {queue.failed}: queued again"]
+    assert queue.failed in _live(dj)
+    assert _statuses(client, f"?q={queue.failed}") == {queue.failed: "scheduled"}  # due now, placed by a claim
+    # again: it is live now, nothing changes
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed), follow=True)
+    assert _messages(response) == [f"Job {queue.failed}: is live already, nothing changed"]
+
+
+def test_retry_from_an_attempts_page_and_only_for_attempts_that_ended_a_job(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/"
+    response = client.post(url, _action("retry_jobs", queue.failed, change_form=True), follow=True)
+    assert f"Job {queue.failed}: queued again" in _messages(response)
+    assert queue.failed in _live(dj)
+    # the retrying job's attempt was not final: the job is waiting to run again by itself
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.retrying), follow=True)
+    assert _messages(response) == [
+        f"Job {queue.retrying}: not retried, only an attempt that ended a job without success can be"
+    ]
+
+
+def test_pause_and_resume_keep_the_other_settings(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"), follow=True)
+    assert _messages(response) == ["Channel tenant-a: paused"]
+    assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 2, True)
+    response = client.post(
+        f"{ADMIN}/channel/tenant-a/change/", _action("resume_channels", "tenant-a", change_form=True), follow=True
+    )
+    assert "Channel tenant-a: resumed" in _messages(response)
+    assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 2, False)
+    # a paused channel's jobs are not claimed
+    client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"))
+    assert {j.channel for j in fairqueue.claim_batch(dj, queue.worker, 10)} <= {"tenant-d"}
+
+
+LIMITS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
+
+
+def _form_data(form: Any, **changes: Any) -> dict[str, str]:
+    """What the browser sends: each field, and the value it had when the page was drawn."""
+    data = {"_save": "Save"}
+    for name in LIMITS:
+        initial = form.initial.get(name)
+        data[f"initial-{name}"] = "" if initial is None else str(initial)
+        value = changes.get(name, initial)
+        if name == "paused":
+            if value:
+                data[name] = "on"
+        else:
+            data[name] = "" if value is None else str(value)
+    return data
+
+
+def test_edit_a_channels_limits(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    form = client.get(url).context["adminform"].form
+    response = client.post(url, _form_data(form, max_concurrency=7, weight=3), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _channel(dj, "tenant-a") == (7, "10/s", 3.0, 3, False)
+    # no cap, no rate limit: the burst goes back to 1 (it only applies with a rate limit)
+    form = client.get(url).context["adminform"].form
+    response = client.post(url, _form_data(form, max_concurrency=None, rate_limit=None))
+    assert response.status_code == 302
+    assert _channel(dj, "tenant-a") == (None, None, 1.0, 3, False)
+    # a capped channel counts its running jobs again (configure_channel's recount)
+    url = f"{ADMIN}/channel/tenant-c/change/"
+    client.post(url, _form_data(client.get(url).context["adminform"].form, max_concurrency=1))
+    assert dj.execute("SELECT max_concurrency, running FROM fairqueue.channel WHERE name = 'tenant-c'").fetchone() == (
+        1,
+        1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"rate_limit": "fast"}, "rate_limit", "is not understood"),
+        ({"rate_limit": "0/s"}, "rate_limit", "more than zero"),
+        ({"weight": 0}, None, "weight must be a whole number from 1 to 1000"),
+        ({"max_concurrency": 0}, None, "max_concurrency must be a whole number of at least 1"),
+        ({"rate_burst": 0.5}, None, "burst must be a number of at least 1"),
+        ({"rate_limit": None, "rate_burst": 4}, None, "burst only applies together with a rate_limit"),
+    ],
+)
+def test_invalid_limits_are_form_errors_and_change_nothing(
+    login: MakeClient,
+    queue: Queue,
+    dj: psycopg.Connection[Any],
+    changes: dict[str, Any],
+    field: str | None,
+    message: str,
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    before = _channel(dj, "tenant-a")
+    response = client.post(url, _form_data(client.get(url).context["adminform"].form, **changes))
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    errors = form.errors.get(field or "__all__", [])
+    assert any(message in e for e in errors), form.errors
+    assert _channel(dj, "tenant-a") == before
+
+
+def test_saving_an_old_page_does_not_undo_a_pause_made_meanwhile(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    old_page = client.get(url).context["adminform"].form
+    other = login("other", superuser=True)
+    other.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"))
+    client.post(url, _form_data(old_page, weight=9))  # paused is unticked on the old page, untouched
+    assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 9, True)
+
+
+# -- permissions --------------------------------------------------------------------------------------------
+
+
+def _pages(queue: Queue, dj: psycopg.Connection[Any]) -> list[str]:
+    return [
+        f"{ADMIN}/job/",
+        f"{ADMIN}/job/{queue.ready}/change/",
+        f"{ADMIN}/completedjob/",
+        f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/",
+        f"{ADMIN}/channel/",
+        f"{ADMIN}/channel/tenant-a/change/",
+        f"{ADMIN}/worker/",
+        f"{ADMIN}/worker/{queue.worker}/change/",
+        f"{ADMIN}/queueoverview/",
+    ]
+
+
+def _state(dj: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    return (
+        sorted(_live(dj)),
+        _channel(dj, "tenant-a"),
+        dj.execute("SELECT count(*) FROM fairqueue.completed_job").fetchone(),
+        dj.execute("SELECT count(*) FROM fairqueue.running_job WHERE cancel_requested").fetchone(),
+    )
+
+
+def _try_everything(client: Client, queue: Queue, dj: psycopg.Connection[Any]) -> list[int]:
+    """Every change the admin can make, as forged POSTs; returns the status codes."""
+    tenant_a = f"{ADMIN}/channel/tenant-a/change/"
+    form_data = {
+        "max_concurrency": "1",
+        "rate_limit": "",
+        "rate_burst": "1",
+        "weight": "7",
+        "paused": "on",
+        "_save": "Save",
+    }
+    posts: list[tuple[str, dict[str, Any]]] = [
+        (f"{ADMIN}/job/", _action("cancel_jobs", queue.ready, queue.running)),
+        (f"{ADMIN}/job/{queue.ready}/change/", _action("cancel_jobs", queue.ready, change_form=True)),
+        (f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed)),
+        (
+            f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/",
+            _action("retry_jobs", queue.failed, change_form=True),
+        ),
+        (f"{ADMIN}/channel/", _action("pause_channels", "tenant-a")),
+        (tenant_a, _action("pause_channels", "tenant-a", change_form=True)),
+        (tenant_a, form_data),
+        (f"{ADMIN}/channel/", {**_action("pause_channels", "tenant-a"), "select_across": "1"}),
+    ]
+    return [client.post(url, data).status_code for url, data in posts]
+
+
+def test_staff_without_permissions_is_refused_everywhere(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("nobody")
+    for page in _pages(queue, dj):
+        assert client.get(page).status_code == 403, page
+    before = _state(dj)
+    assert set(_try_everything(client, queue, dj)) == {403}
+    assert _state(dj) == before
+
+
+def test_without_staff_status_the_admin_asks_for_a_login(login: MakeClient, queue: Queue) -> None:
+    client = login("visitor", "view_job", "cancel_job", staff=False)
+    response = client.get(f"{ADMIN}/job/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready))
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_view_only_staff_sees_the_pages_but_cannot_change_anything(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("viewer", "view_job", "view_completedjob", "view_channel", "view_worker")
+    for page in _pages(queue, dj):
+        response = client.get(page)
+        assert response.status_code == 200, page
+        assert response.context.get("action_form") is None, page  # no action is offered
+        assert 'name="_save"' not in _text(response), page
+    page = _text(client.get(f"{ADMIN}/job/"))
+    assert "cancel_jobs" not in page and "reports.build" in page
+    assert 'name="max_concurrency"' not in _text(client.get(f"{ADMIN}/channel/tenant-a/change/"))
+
+    before = _state(dj)
+    codes = _try_everything(client, queue, dj)
+    assert _state(dj) == before
+    assert 403 in codes  # the channel form: no change permission
+    assert not {c for c in codes if c >= 500}
+
+
+def test_each_action_needs_its_own_permission(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    viewer = ("view_job", "view_completedjob", "view_channel")
+    canceller = login("canceller", *viewer, "cancel_job")
+    before = _state(dj)
+    canceller.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed))
+    canceller.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"))
+    assert _state(dj) == before
+    canceller.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready))
+    assert queue.ready not in _live(dj)
+
+    retrier = login("retrier", *viewer, "retry_job")
+    retrier.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready_too))
+    assert queue.ready_too in _live(dj)
+    retrier.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed))
+    assert queue.failed in _live(dj)
+
+    operator = login("operator", *viewer, "change_channel")
+    operator.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"))
+    assert _channel(dj, "tenant-a")[-1] is True
+
+
+def test_a_get_never_changes_anything(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    client = login("root", superuser=True)
+    before = _state(dj)
+    for url in (
+        f"{ADMIN}/job/?action=cancel_jobs&_selected_action={queue.ready}&index=0",
+        f"{ADMIN}/job/{queue.ready}/change/?CHANGE_FORM-action=cancel_jobs&_selected_action={queue.ready}&index=0",
+        f"{ADMIN}/completedjob/?action=retry_jobs&_selected_action={queue.failed}&index=0",
+        f"{ADMIN}/channel/?action=pause_channels&_selected_action=tenant-a&index=0",
+        f"{ADMIN}/channel/tenant-a/change/?weight=5&paused=on&_save=Save",
+    ):
+        assert client.get(url).status_code in (200, 302), url
+    assert _state(dj) == before
+
+
+def test_the_overview_needs_the_view_job_permission(login: MakeClient, queue: Queue) -> None:
+    client = login("channels-only", "view_channel")
+    assert client.get(f"{ADMIN}/queueoverview/").status_code == 403
+    assert f'href="{ADMIN}/queueoverview/"' not in _text(client.get("/admin/"))
+    client = login("jobs", "view_job")
+    assert client.get(f"{ADMIN}/queueoverview/").status_code == 200
+    assert f'href="{ADMIN}/queueoverview/"' in _text(client.get("/admin/"))
+
+
+# -- the models ---------------------------------------------------------------------------------------------
+
+
+def test_the_models_read_and_never_write(queue: Queue) -> None:
+    from fairqueue_django.models import Channel, CompletedJob, Job
+
+    assert Job.objects.with_state().get(id=queue.blocked).status == "blocked"
+    assert set(Job.objects.with_status("waiting").values_list("id", flat=True)) == {queue.waiting}
+    assert Channel.objects.with_counts().get(name="tenant-a").backlog == 2
+    attempt = CompletedJob.objects.get(job_id=queue.failed)
+    for write in (attempt.save, attempt.delete, Channel.objects.get(name="tenant-a").save):
+        with pytest.raises(NotImplementedError):
+            write()
+    with pytest.raises(ValueError, match="status must be one of"):
+        Job.objects.with_status("lost")
+
+
+def test_the_models_migration_is_complete_and_runs_no_sql(django_url: str) -> None:
+    import io
+
+    from django.core.management import call_command
+
+    call_command("makemigrations", "fairqueue", check=True, dry_run=True, verbosity=0)  # exits 1 if one is missing
+    out = io.StringIO()
+    call_command("sqlmigrate", "fairqueue", "0003", stdout=out)
+    statements = [line for line in out.getvalue().splitlines() if line.strip() and not line.startswith("--")]
+    assert statements == ["BEGIN;", "COMMIT;"]

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -148,6 +149,28 @@ def test_the_django_tutorial_works_in_a_fresh_virtualenv(tmp_path: Path, empty_d
         assert final == ("succeeded", "acme", f"order {answer['order']} confirmed")
         worker.send_signal(signal.SIGINT)  # Ctrl-C
         assert worker.wait(30) == 0
+
+        # "in the admin the job appears under Fair queue with its outcome and result"
+        login = {"username": "admin", "password": "tutorial-password", "next": "/admin/"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=10) as response:
+            cookie = response.headers["Set-Cookie"].split(";")[0]
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.read().decode())
+        assert token is not None
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/admin/login/",
+            data=urllib.parse.urlencode(login | {"csrfmiddlewaretoken": token[1]}).encode(),
+            headers={"Cookie": cookie, "Referer": f"http://127.0.0.1:{port}/admin/login/"},
+        )
+        opener.open(request, timeout=10).read()
+        history = (
+            opener.open(f"http://127.0.0.1:{port}/admin/fairqueue/completedjob/?q={answer['job']}", timeout=10)
+            .read()
+            .decode()
+        )
+        rows = history[history.index('id="result_list"') :]
+        rows = rows[: rows.index("</table>")]
+        assert "orders.confirm" in rows and "succeeded" in rows and "acme" in rows
     finally:
         for proc in (worker, server):
             if proc is not None and proc.poll() is None:

@@ -32,6 +32,7 @@ from fairqueue.errors import (
     UnsupportedConnectionError,
 )
 from fairqueue.inspection import ChannelInfo, JobInfo, get_job, list_channels
+from fairqueue.periodic import periodic
 from fairqueue.producer import JobSpec, configure_channel, enqueue, enqueue_many
 from fairqueue.tasks import Backoff, JobCancelled, JobContext, JobTimeout, Task, registry, task
 
@@ -70,6 +71,7 @@ __all__ = [
     "get_job",
     "heartbeat",
     "list_channels",
+    "periodic",
     "recover_expired_workers",
     "register_worker",
     "registry",

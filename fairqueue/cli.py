@@ -263,6 +263,28 @@ def _cmd_channels_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_periodic_list(args: argparse.Namespace) -> int:
+    from fairqueue.status import collect_periodic, render_periodic
+
+    with _connect(args) as conn:
+        conn.read_only = True
+        entries = collect_periodic(conn)
+    print(json.dumps(entries, indent=2) if args.json else "\n".join(render_periodic(entries)))
+    return 0
+
+
+def _cmd_periodic_pause(args: argparse.Namespace) -> int:
+    from fairqueue.periodic import pause
+
+    paused = args.periodic_command == "pause"
+    with _connect(args) as conn:
+        found = pause(conn, args.name, paused=paused)
+    if not found:
+        return _refuse(f"no periodic schedule {args.name!r} (workers register schedules when they start)")
+    print(f"schedule {args.name} {'paused: no tick fires until it is resumed' if paused else 'resumed'}")
+    return 0
+
+
 def _refuse(message: str) -> int:
     print(f"fairqueue: error: {message}", file=sys.stderr)
     return EXIT_FAILURE
@@ -476,6 +498,20 @@ def _add_admin_commands(commands: Any) -> None:
     grant.add_argument("role", metavar="ROLE", help="an existing database role")
     grant.add_argument("--revoke", action="store_true", help="take the level's rights away instead")
     grant.set_defaults(func=_cmd_grant)
+
+    periodic = commands.add_parser("periodic", help="list, pause or resume periodic (cron) schedules")
+    periodic_commands = periodic.add_subparsers(dest="periodic_command", metavar="ACTION", required=True)
+    listing_periodic = periodic_commands.add_parser(
+        "list", help="schedules with their last and next tick", description="The periodic schedules."
+    )
+    _database_url_option(listing_periodic)
+    listing_periodic.add_argument("--json", action="store_true", help="print the schedules as a JSON array")
+    listing_periodic.set_defaults(func=_cmd_periodic_list)
+    for action, text in (("pause", "stop firing a schedule (no deploy needed)"), ("resume", "fire it again")):
+        sub = periodic_commands.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        _database_url_option(sub)
+        sub.add_argument("name", metavar="NAME", help="the schedule's name")
+        sub.set_defaults(func=_cmd_periodic_pause)
 
     channels = commands.add_parser("channels", help="list channels or change a channel's limits")
     channel_commands = channels.add_subparsers(dest="channels_command", metavar="ACTION", required=True)

@@ -5,8 +5,9 @@ session-level advisory lock. If that worker dies or loses its connection, Postgr
 lock and another worker takes the role within a tick. Every chore is also safe to run concurrently
 (each is a SKIP LOCKED or idempotent function), so the lock is about not wasting work, not safety.
 
-Each tick: re-queue the jobs of workers whose lease expired (and delete those worker rows), and
-promote due scheduled jobs (delayed jobs, retries after backoff) even while every worker is busy.
+Each tick: re-queue the jobs of workers whose lease expired (and delete those worker rows),
+promote due scheduled jobs (delayed jobs, retries after backoff) even while every worker is busy,
+and fire due periodic schedules (fairqueue.periodic).
 Every ``partition_every`` seconds: create ``completed_job`` partitions ``days_ahead`` days ahead.
 """
 
@@ -27,6 +28,7 @@ log = logging.getLogger("fairqueue.maintenance")
 class MaintenanceReport:
     recovered_jobs: int = 0
     partitions_created: int = 0
+    periodic_fired: int = 0
 
 
 def try_become_maintainer(db: object) -> bool:
@@ -45,9 +47,12 @@ class Maintainer:
     """Runs the chores at their intervals; call :meth:`tick` about once a second on an autocommit connection."""
 
     def __init__(self, *, days_ahead: int = 3, partition_every: float = 3600.0) -> None:
+        from fairqueue.periodic import PeriodicRunner
+
         self.days_ahead = days_ahead
         self.partition_every = partition_every
         self._next_partitions = 0.0
+        self.periodic = PeriodicRunner()
 
     def tick(self, db: object) -> MaintenanceReport:
         report = MaintenanceReport()
@@ -59,6 +64,7 @@ class Maintainer:
         for _ in range(10):  # a large due backlog moves 1,000 jobs per call
             if not promote_due_jobs(db):
                 break
+        report.periodic_fired = sum(1 for job in self.periodic.tick(db).values() if job)
         now = time.monotonic()
         if now >= self._next_partitions:
             report.partitions_created = ensure_partitions(db, self.days_ahead)

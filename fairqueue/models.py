@@ -198,6 +198,25 @@ class Worker(Base):
     lease_expires_at: Mapped[datetime] = mapped_column(TZ)
 
 
+class PeriodicSchedule(Base):
+    """A cron schedule; ``last_tick`` is the latest tick handled (see fairqueue.periodic)."""
+
+    __tablename__ = "periodic_schedule"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    cron: Mapped[str] = mapped_column(Text)
+    timezone: Mapped[str] = mapped_column(Text, server_default=text("'UTC'::text"))
+    kind: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text, server_default=text("'default'::text"))
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    missed: Mapped[str] = mapped_column(Text, server_default=text("'skip'::text"))
+    paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    last_tick: Mapped[datetime | None] = mapped_column(TZ)
+    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    updated_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+
+
 class CompletedJob(Base):
     """One row per finished attempt; ``final`` marks the attempt that ended the job.
 

@@ -41,8 +41,10 @@ _WORKER = (
     "recover_expired_workers",
     "ensure_completed_partitions",
     "promote_due_jobs",
+    "register_periodic",
+    "fire_periodic",
 )
-_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel")
+_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel", "pause_periodic")
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {"producer": _PRODUCER, "worker": _WORKER, "admin": _ADMIN}
 READABLE_TABLES = (
@@ -56,6 +58,7 @@ READABLE_TABLES = (
     "channel_wakeup",
     "worker",
     "completed_job",
+    "periodic_schedule",
 )
 
 

@@ -195,3 +195,18 @@ SELECT max_concurrency, rate_limit, rate_burst, weight, paused
 FROM fairqueue.channel WHERE name = %s
 FOR NO KEY UPDATE
 """
+
+# Periodic schedules (fairqueue/periodic.py)
+REGISTER_PERIODIC = "SELECT fairqueue.register_periodic(%s, %s, %s, %s, %s, %s::text::jsonb, %s)"
+FIRE_PERIODIC = "SELECT fairqueue.fire_periodic(%s, %s::timestamptz, %s, %s)"
+PAUSE_PERIODIC = "SELECT fairqueue.pause_periodic(%s, %s)"
+PERIODIC_STATE = """
+SELECT name, paused, last_tick, clock_timestamp() FROM fairqueue.periodic_schedule WHERE name = ANY (%s::text[])
+"""
+PERIODIC_LIST = """
+SELECT s.name, s.cron, s.timezone, s.kind, s.channel, s.missed, s.paused, s.last_tick, s.last_job_id,
+       (SELECT c.outcome FROM fairqueue.completed_job c WHERE c.job_id = s.last_job_id AND c.final
+        ORDER BY c.finished_at DESC LIMIT 1),
+       EXISTS (SELECT 1 FROM fairqueue.job j WHERE j.id = s.last_job_id)
+FROM fairqueue.periodic_schedule s ORDER BY s.name
+"""

@@ -160,7 +160,61 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
         "workers": workers,
         "maintenance": maintenance,
         "failures": failed,
+        "periodic": collect_periodic(db),
     }
+
+
+def collect_periodic(db: object) -> list[dict[str, Any]]:
+    """The periodic schedules, with their next tick (by the schedule's own clock rule)."""
+    from fairqueue.cron import CronSchedule
+    from fairqueue.errors import ConfigurationError
+
+    out = []
+    now = datetime.now(UTC)
+    for name, cron, tz, kind, channel, missed, paused, last_tick, last_job, outcome, live in executor_for(db).rows(
+        sql.PERIODIC_LIST
+    ):
+        try:
+            upcoming = None if paused else CronSchedule.parse(cron, tz).next_after(max(now, last_tick or now))
+        except (ConfigurationError, ValueError):
+            upcoming = None
+        out.append(
+            {
+                "name": name,
+                "cron": cron,
+                "timezone": tz,
+                "kind": kind,
+                "channel": channel,
+                "missed": missed,
+                "paused": paused,
+                "last_tick": _iso(last_tick),
+                "next_tick": _iso(upcoming),
+                "last_job_id": last_job,
+                "last_outcome": "running or queued" if live else outcome,
+            }
+        )
+    return out
+
+
+def render_periodic(entries: Sequence[dict[str, Any]]) -> list[str]:
+    if not entries:
+        return ["(none)"]
+    headers = ["SCHEDULE", "CRON", "TZ", "KIND", "CHANNEL", "STATE", "LAST TICK", "NEXT TICK", "LAST JOB"]
+    rows = [
+        [
+            e["name"],
+            e["cron"],
+            e["timezone"],
+            e["kind"],
+            e["channel"],
+            "paused" if e["paused"] else "active",
+            _when(e["last_tick"]),
+            _when(e["next_tick"]) if e["next_tick"] else "-",
+            f"{e['last_job_id']} ({e['last_outcome'] or '?'})" if e["last_job_id"] else "-",
+        ]
+        for e in entries
+    ]
+    return table(headers, rows)
 
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -321,5 +375,8 @@ def render_status(data: dict[str, Any]) -> str:
         "",
         f"RECENT FAILURES (last {window}, newest first)",
         *render_failures(data["failures"]),
+        "",
+        "PERIODIC SCHEDULES",
+        *render_periodic(data["periodic"]),
     ]
     return "\n".join(out)

@@ -313,7 +313,9 @@ class Worker:
 
     def run(self) -> int:
         conn = self._db.get()  # fail fast (with the caller's error handling) if the database is unreachable
-        installed = conn.execute("SELECT to_regprocedure('fairqueue.promote_due_jobs()') IS NOT NULL").fetchone()
+        installed = conn.execute(
+            "SELECT to_regprocedure('fairqueue.pause_periodic(text, boolean)') IS NOT NULL"
+        ).fetchone()
         if not installed or not installed[0]:
             raise ConfigurationError(
                 f"fairqueue is not installed (or not up to date) in {redact(self.config.database_url)}: "

@@ -52,6 +52,7 @@ from fairqueue_django.models import (
     FifoWaiting,
     Job,
     JobDependency,
+    PeriodicSchedule,
     QueueOverview,
     RunningJob,
     ScheduledJob,
@@ -1040,6 +1041,91 @@ class WorkerAdmin(QueueAdmin):
 
 
 # -- overview -------------------------------------------------------------------------------------------
+
+
+# -- periodic schedules ---------------------------------------------------------------------------------
+
+
+@admin.register(PeriodicSchedule)
+class PeriodicScheduleAdmin(QueueAdmin):
+    list_display = ("name", "cron", "timezone", "kind", "channel", "state", "last_run", "next_run", "last_job")
+    list_filter = ("paused",)
+    search_fields = ("name", "kind")
+    ordering = ("name",)
+    actions = ("pause_schedules", "resume_schedules")
+    fields = (
+        "name",
+        "cron",
+        "timezone",
+        "kind",
+        "channel",
+        "pretty_args",
+        "missed",
+        "state",
+        "last_run",
+        "next_run",
+        "last_job",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj: PeriodicSchedule) -> str:
+        return "paused" if obj.paused else "active"
+
+    @admin.display(description="last tick", ordering="last_tick")
+    def last_run(self, obj: PeriodicSchedule) -> str:
+        return "-" if obj.last_tick is None else timezone.localtime(obj.last_tick).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="next tick")
+    def next_run(self, obj: PeriodicSchedule) -> str:
+        from fairqueue.cron import CronSchedule
+        from fairqueue.errors import ConfigurationError
+
+        if obj.paused:
+            return "paused"
+        try:
+            upcoming = CronSchedule.parse(obj.cron, obj.timezone).next_after(
+                max(timezone.now(), obj.last_tick or timezone.now())
+            )
+        except (ConfigurationError, ValueError):
+            return "?"
+        return timezone.localtime(upcoming).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="last job")
+    def last_job(self, obj: PeriodicSchedule) -> str:
+        if obj.last_job_id is None:
+            return "-"
+        info = fairqueue.get_job(connections[conf.get().database], obj.last_job_id)
+        return f"{obj.last_job_id} ({info.status if info else 'gone'})"
+
+    @admin.display(description="args")
+    def pretty_args(self, obj: PeriodicSchedule) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.args, indent=2, sort_keys=True))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # read-only pages; pausing goes through the actions
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
+        from fairqueue.periodic import pause
+
+        names = [obj.name for obj in queryset]
+        with transaction.atomic(using=conf.get().database):
+            for name in names:
+                pause(connections[conf.get().database], name, paused=paused)
+        verb = "paused" if paused else "resumed"
+        self.message_user(request, f"{len(names)} schedule(s) {verb}: {', '.join(names)}", messages.SUCCESS)
+
+    @admin.action(permissions=["pause"], description="Pause selected schedules")
+    def pause_schedules(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(permissions=["pause"], description="Resume selected schedules")
+    def resume_schedules(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, False)
 
 
 @admin.register(QueueOverview)

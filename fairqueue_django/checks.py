@@ -40,6 +40,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
+@checks.register()
+def check_periodic(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from fairqueue.errors import ConfigurationError as FairqueueConfigurationError
+    from fairqueue_django.periodic import from_settings
+
+    try:
+        from_settings()
+    except ImproperlyConfigured:
+        return []  # reported by check_settings
+    except (FairqueueConfigurationError, ValueError) as exc:
+        return [checks.Error(str(exc), id="fairqueue.E005")]
+    return []
+
+
 @checks.register(checks.Tags.database)
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Runs with ``manage.py check --database <alias>`` (and before ``migrate``)."""

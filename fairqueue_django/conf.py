@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
-KNOWN = {"DATABASE", "DEFAULT_CHANNEL", "WORKER"}
+KNOWN = {"DATABASE", "DEFAULT_CHANNEL", "WORKER", "PERIODIC"}
 WORKER_KNOWN = {"IMPORT", "CONCURRENCY", "BATCH", "LEASE", "GRACE", "POLL_INTERVAL", "METRICS_PORT", "MAINTENANCE"}
 
 
@@ -30,6 +30,7 @@ class Settings:
     database: str = "default"
     default_channel: str = "default"
     worker: dict[str, Any] = field(default_factory=dict)
+    periodic: dict[str, Any] = field(default_factory=dict)
 
 
 def get() -> Settings:
@@ -52,4 +53,7 @@ def get() -> Settings:
     channel = raw.get("DEFAULT_CHANNEL", "default")
     if not isinstance(database, str) or not isinstance(channel, str) or not channel:
         raise ImproperlyConfigured("FAIRQUEUE['DATABASE'] and FAIRQUEUE['DEFAULT_CHANNEL'] must be non-empty strings")
-    return Settings(database=database, default_channel=channel, worker=dict(worker))
+    periodic = raw.get("PERIODIC", {}) or {}
+    if not isinstance(periodic, dict):
+        raise ImproperlyConfigured("FAIRQUEUE['PERIODIC'] must be a dict of schedule name -> settings")
+    return Settings(database=database, default_channel=channel, worker=dict(worker), periodic=dict(periodic))

@@ -346,6 +346,32 @@ class Worker(ReadOnlyModel):
         return f"worker {self.id} ({self.name})"
 
 
+class PeriodicSchedule(ReadOnlyModel):
+    """A cron schedule the maintenance role fires (fairqueue.periodic); paused without a deploy."""
+
+    name = models.TextField(primary_key=True)
+    cron = models.TextField()
+    timezone = models.TextField()
+    kind = models.TextField()
+    channel = models.TextField()
+    args = models.JSONField()
+    missed = models.TextField()
+    paused = models.BooleanField()
+    last_tick = models.DateTimeField(null=True)
+    last_job_id = models.BigIntegerField(null=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        managed = False
+        db_table = _table("periodic_schedule")
+        default_permissions = ("view", "change")
+        verbose_name = "periodic schedule"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.cron})"
+
+
 __all__ = [
     "JOB_STATUSES",
     "OUTCOMES",
@@ -354,6 +380,7 @@ __all__ = [
     "FifoWaiting",
     "Job",
     "JobDependency",
+    "PeriodicSchedule",
     "QueueOverview",
     "RunningJob",
     "ScheduledJob",

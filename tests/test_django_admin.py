@@ -704,3 +704,71 @@ def test_the_models_migration_is_complete_and_runs_no_sql(django_url: str) -> No
     call_command("sqlmigrate", "fairqueue", "0003", stdout=out)
     statements = [line for line in out.getvalue().splitlines() if line.strip() and not line.startswith("--")]
     assert statements == ["BEGIN;", "COMMIT;"]
+
+
+# -- periodic schedules (FAIRQUEUE['PERIODIC'] and the admin page) ------------------------------------------
+
+
+def _settings_schedule(**extra: Any) -> dict[str, Any]:
+    spec = {"TASK": "tests.django_tasks.add", "CRON": "*/5 * * * *", "KWARGS": {"a": 2, "b": 3}} | extra
+    return {"DATABASE": "default", "DEFAULT_CHANNEL": "web", "PERIODIC": {"every-five": spec}}
+
+
+def test_schedules_from_settings_fire_django_tasks(dj: psycopg.Connection[Any]) -> None:
+    from datetime import timedelta
+
+    from django.test.utils import override_settings
+
+    from fairqueue.periodic import PeriodicRunner
+    from fairqueue_django.periodic import from_settings
+
+    with override_settings(FAIRQUEUE=_settings_schedule(QUEUE_NAME="reports")):
+        [entry] = from_settings()
+    assert (entry.name, entry.task.name, entry.channel) == ("every-five", "tests.django_tasks.add", "reports")
+    run = PeriodicRunner(lambda: [entry])
+    [(now,)] = dj.execute("SELECT clock_timestamp()").fetchall()
+    run.tick(dj, now=now)
+    run.tick(dj, now=entry.schedule.next_after(now) + timedelta(seconds=1))
+    assert dj.execute("SELECT kind, channel, args FROM fairqueue.job").fetchall() == [
+        ("tests.django_tasks.add", "reports", {"args": [], "kwargs": {"a": 2, "b": 3}})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"CRON": "61 * * * *"}, "out of range"),
+        ({"TIMEZONE": "Mars/Olympus"}, "unknown time zone"),
+        ({"TASK": "tests.django_tasks.nope"}, "cannot import"),
+        ({"MISSED": "sometimes"}, "MISSED"),
+    ],
+)
+def test_a_bad_settings_schedule_is_reported_by_the_checks(
+    django_url: str, extra: dict[str, Any], message: str
+) -> None:
+    from django.core import checks
+    from django.test.utils import override_settings
+
+    with override_settings(FAIRQUEUE=_settings_schedule(**extra)):
+        errors = [m for m in checks.run_checks() if m.id == "fairqueue.E005"]
+    assert errors and message in errors[0].msg and "every-five" in errors[0].msg
+
+
+def test_the_schedules_page_shows_them_and_pauses_with_permission(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    dj.execute(
+        "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'Europe/Paris', 'reports.nightly', 'reports', "
+        "'{}'::jsonb, 'skip')"
+    )
+    admin_client = login("root", superuser=True)
+    page = admin_client.get("/admin/fairqueue/periodicschedule/").content.decode()
+    assert "nightly" in page and "0 2 * * *" in page and "Europe/Paris" in page and "active" in page
+    viewer = login("viewer", "view_periodicschedule")
+    assert viewer.get("/admin/fairqueue/periodicschedule/").status_code == 200
+    forged = {"action": "pause_schedules", "_selected_action": ["nightly"]}
+    viewer.post("/admin/fairqueue/periodicschedule/", forged)
+    assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (False,)
+    admin_client.post("/admin/fairqueue/periodicschedule/", forged)
+    assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
+    assert "paused" in admin_client.get("/admin/fairqueue/periodicschedule/").content.decode()

@@ -25,6 +25,7 @@ from fairqueue.errors import FairqueueError
 from fairqueue_django import conf
 from fairqueue_django.dburl import database_url
 from fairqueue_django.jobs import DjangoJobTransaction, django_job
+from fairqueue_django.periodic import register_from_settings
 from fairqueue_django.tasks import FairQueueBackend  # also lets the worker find Django tasks
 
 SETTING_NAMES = {
@@ -79,6 +80,7 @@ class Command(BaseCommand):
             raise CommandError("give --import MODULE or FAIRQUEUE['WORKER']['IMPORT'] (the modules with your tasks)")
         namespace.imports = imports
         try:
+            register_from_settings()  # FAIRQUEUE['PERIODIC']
             url = namespace.database_url or database_url(connections[conf.get().database].settings_dict)
             alias = conf.get().database
             code = cli.run_worker(

@@ -1,0 +1,234 @@
+"""Periodic schedules: each tick fires exactly once across the fleet, missed ticks never burst."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue.cron import CronSchedule, InvalidScheduleError
+from fairqueue.errors import ConfigurationError, InvalidJobError
+from fairqueue.periodic import MISSED_GRACE, Periodic, PeriodicRunner, pause
+from tests import worker_tasks as t
+from tests.helpers import count, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def entry(cron: str = "* * * * *", *, missed: str = "skip", name: str = "every-minute") -> Periodic:
+    return Periodic(
+        name=name,
+        schedule=CronSchedule.parse(cron),
+        task=t.add,
+        args={"a": 1, "b": 2},
+        channel="cron",
+        missed=missed,
+    )
+
+
+def runner(*entries: Periodic) -> PeriodicRunner:
+    return PeriodicRunner(lambda: list(entries))
+
+
+def db_now(conn: psycopg.Connection[Any]) -> datetime:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    value: datetime = row[0]
+    return value
+
+
+def jobs(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute("SELECT kind, channel, args, unique_key FROM fairqueue.job ORDER BY id").fetchall()
+
+
+# -- registration --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cron", "timezone", "message"),
+    [
+        ("61 * * * *", "UTC", "minute 61"),
+        ("* * *", "UTC", "field"),
+        ("0 0 30 2 *", "UTC", "never"),
+        ("* * * * *", "Mars/Olympus", "unknown time zone 'Mars/Olympus'"),
+    ],
+)
+def test_bad_schedules_fail_when_they_are_declared(cron: str, timezone: str, message: str) -> None:
+    with pytest.raises(InvalidScheduleError, match=message):
+        fairqueue.periodic(cron, timezone=timezone)
+
+
+def test_arguments_and_options_are_checked_when_declared() -> None:
+    with pytest.raises(InvalidJobError, match="surprise"):
+        fairqueue.periodic("@hourly", name="bad-args", args={"a": 1, "surprise": 2})(t.add)
+    with pytest.raises(ConfigurationError, match="missed"):
+        fairqueue.periodic("@hourly", missed="sometimes")
+    with pytest.raises(ConfigurationError, match=r"above @fairqueue\.task"):
+        fairqueue.periodic("@hourly")(len)  # type: ignore[arg-type]
+
+
+# -- firing, with a controllable clock -------------------------------------------------------------------
+
+
+def test_a_new_schedule_starts_now_and_each_tick_fires_once(conn: psycopg.Connection[Any]) -> None:
+    minute = entry()
+    run = runner(minute)
+    now = db_now(conn)
+    assert run.tick(conn, now=now) == {}  # registered: ticks before now are not "missed"
+    later = minute.schedule.next_after(now) + timedelta(seconds=5)
+    fired = run.tick(conn, now=later)
+    assert list(fired) == ["every-minute"] and fired["every-minute"]
+    assert run.tick(conn, now=later) == {}  # the same tick again: nothing
+    assert runner(minute).tick(conn, now=later) == {}  # nor from another worker's runner
+    tick = minute.schedule.next_after(now)
+    [(kind, channel, args, key)] = jobs(conn)
+    assert (kind, channel, args) == ("t.add", "cron", {"a": 1, "b": 2})
+    assert key == f"periodic:every-minute:{tick.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def test_ticks_that_fell_due_together_each_fire_once(conn: psycopg.Connection[Any]) -> None:
+    seconds = entry("*/10 * * * * *", name="every-ten-seconds")
+    run = runner(seconds)
+    now = db_now(conn)
+    run.tick(conn, now=now)
+    run.tick(conn, now=now + timedelta(seconds=35))  # three or four ticks are due at once
+    keys = [key for *_, key in jobs(conn)]
+    assert len(keys) == len(set(keys)) == len(seconds.schedule.ticks_between(now, now + timedelta(seconds=35), 10))
+
+
+@pytest.mark.parametrize(("missed", "expected_jobs"), [("skip", 0), ("catch_up", 1)])
+def test_missed_ticks_never_come_as_a_burst(conn: psycopg.Connection[Any], missed: str, expected_jobs: int) -> None:
+    every_ten = entry("*/10 * * * *", missed=missed)
+    run = runner(every_ten)
+    now = db_now(conn)
+    run.tick(conn, now=now)
+    conn.execute("UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '3 hours'")
+    later = every_ten.schedule.previous_at_or_before(now)
+    assert later is not None
+    run.tick(conn, now=later + MISSED_GRACE + timedelta(seconds=1))  # no tick within the grace period
+    assert count(conn, "job") == expected_jobs  # not 18
+    row = conn.execute("SELECT last_tick FROM fairqueue.periodic_schedule").fetchone()
+    assert row == (later,)  # the missed ticks are behind it either way
+
+
+def test_a_paused_schedule_fires_nothing_until_resumed(conn: psycopg.Connection[Any]) -> None:
+    minute = entry()
+    run = runner(minute)
+    now = db_now(conn)
+    run.tick(conn, now=now)
+    assert pause(conn, "every-minute")
+    tick = minute.schedule.next_after(now)
+    assert run.tick(conn, now=tick + timedelta(seconds=1)) == {}
+    assert pause(conn, "every-minute", paused=False)
+    assert run.tick(conn, now=tick + timedelta(seconds=1))["every-minute"]
+    assert not pause(conn, "no-such-schedule")
+
+
+def test_concurrent_firing_of_one_tick_enqueues_it_once(connect: Any, conn: psycopg.Connection[Any]) -> None:
+    minute = entry()
+    runner(minute).tick(conn, now=db_now(conn))
+    tick = minute.schedule.next_after(db_now(conn))
+    barrier = threading.Barrier(8)
+    results: list[Any] = []
+
+    def fire() -> None:
+        with connect() as c:
+            barrier.wait()
+            results.append(c.execute("SELECT fairqueue.fire_periodic('every-minute', %s, true, 3)", (tick,)).fetchone())
+
+    threads = [threading.Thread(target=fire) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted(r[0] is not None for r in results) == [False] * 7 + [True]
+    assert count(conn, "job") == 1
+
+
+# -- real worker processes ---------------------------------------------------------------------------------
+
+
+def _fired_ticks(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT unique_key FROM fairqueue.job WHERE unique_key LIKE 'periodic:%%' "
+        "UNION ALL SELECT unique_key FROM fairqueue.completed_job WHERE final AND unique_key LIKE 'periodic:%%'"
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def _tick_of(key: str) -> datetime:
+    return datetime.strptime(key.removeprefix("periodic:every-second:"), "%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_several_workers_and_a_dying_maintainer_fire_every_tick_exactly_once(
+    conn: psycopg.Connection[Any], db_url: str, tmp_path: Path
+) -> None:
+    env = dict(os.environ, FAIRQUEUE_DATABASE_URL=db_url)
+    command = [sys.executable, "-m", "fairqueue", "worker", "--import", "tests.periodic_tasks", "--lease", "2"]
+    logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
+    procs = [  # all three start at once
+        subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT) for log in logs
+    ]
+
+    def maintainer() -> subprocess.Popen[bytes] | None:
+        for proc, log in zip(procs, logs, strict=True):
+            if proc.poll() is None and "took the maintenance role" in log.read_text():
+                return proc
+        return None
+
+    try:
+        wait_for(lambda: len(_fired_ticks(conn)) >= 3, timeout=30, what="the first ticks")
+        victim = wait_for(maintainer, what="the maintainer")
+        victim.send_signal(signal.SIGKILL)  # it dies holding the role, maybe mid-tick
+        victim.wait()
+        wait_for(maintainer, what="another worker to take the role")
+        seen = len(_fired_ticks(conn))
+        wait_for(lambda: len(_fired_ticks(conn)) >= seen + 3, timeout=30, what="ticks after the takeover")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
+    keys = _fired_ticks(conn)
+    assert len(keys) == len(set(keys)), "a tick fired twice"
+    ticks = [_tick_of(key) for key in keys]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
+    assert all(gap == 1 for gap in gaps), f"ticks were missed: {gaps}"
+
+
+# -- command line ------------------------------------------------------------------------------------------
+
+
+def test_the_command_line_lists_pauses_and_resumes_schedules(
+    conn: psycopg.Connection[Any], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fairqueue import cli
+
+    runner(entry()).tick(conn, now=db_now(conn))
+    assert cli.main(["periodic", "list", "--database-url", db_url]) == 0
+    out = capsys.readouterr().out
+    assert "every-minute" in out and "* * * * *" in out and "active" in out
+    assert cli.main(["periodic", "pause", "every-minute", "--database-url", db_url]) == 0
+    capsys.readouterr()
+    assert cli.main(["periodic", "list", "--json", "--database-url", db_url]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert (listed["name"], listed["paused"], listed["next_tick"]) == ("every-minute", True, None)
+    assert cli.main(["periodic", "resume", "every-minute", "--database-url", db_url]) == 0
+    assert cli.main(["periodic", "resume", "no-such-schedule", "--database-url", db_url]) == 1
+    capsys.readouterr()
+    assert cli.main(["status", "--database-url", db_url]) == 0
+    status = capsys.readouterr().out
+    assert "PERIODIC SCHEDULES" in status and "every-minute" in status

@@ -207,7 +207,8 @@ def test_status_shows_channels_workers_and_failures(
     box2 = next(line for line in lines if " box-2 " in line)
     assert "EXPIRED" in box2
     assert "maintenance role: nobody" in out
-    failures = lines[lines.index("RECENT FAILURES (last 24h, newest first)") + 2 :]
+    start = lines.index("RECENT FAILURES (last 24h, newest first)")
+    failures = lines[start + 2 : lines.index("", start)]
     [failure] = failures
     assert failure.split()[:5] == [str(failed), "flaky", "acme", "1", "failed"]
     assert "flaky" in failure and "acme" in failure and "failed" in failure and "Boom: it broke" in failure

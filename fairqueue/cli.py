@@ -253,24 +253,29 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_listing(
+    args: argparse.Namespace,
+    collect: Callable[[object], list[dict[str, Any]]],
+    render: Callable[[list[dict[str, Any]]], list[str]],
+) -> int:
+    """A read-only listing: a table, or with --json the rows as a JSON array."""
+    with _connect(args) as conn:
+        conn.read_only = True
+        rows = collect(conn)
+    print(json.dumps(rows, indent=2) if args.json else "\n".join(render(rows)))
+    return 0
+
+
 def _cmd_channels_list(args: argparse.Namespace) -> int:
     from fairqueue.status import collect_channels, render_channels
 
-    with _connect(args) as conn:
-        conn.read_only = True
-        channels = collect_channels(conn)
-    print(json.dumps(channels, indent=2) if args.json else "\n".join(render_channels(channels)))
-    return 0
+    return _print_listing(args, collect_channels, render_channels)
 
 
 def _cmd_periodic_list(args: argparse.Namespace) -> int:
     from fairqueue.status import collect_periodic, render_periodic
 
-    with _connect(args) as conn:
-        conn.read_only = True
-        entries = collect_periodic(conn)
-    print(json.dumps(entries, indent=2) if args.json else "\n".join(render_periodic(entries)))
-    return 0
+    return _print_listing(args, collect_periodic, render_periodic)
 
 
 def _cmd_periodic_pause(args: argparse.Namespace) -> int:

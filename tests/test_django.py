@@ -95,12 +95,15 @@ def test_without_atomic_each_enqueue_commits_on_its_own(dj: psycopg.Connection[A
 CATALOG = {
     "columns": """
         SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')
-        FROM information_schema.columns WHERE table_schema = 'fairqueue' ORDER BY 1, 2""",
-    "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'fairqueue' ORDER BY 1, 2",
+        FROM information_schema.columns
+        WHERE table_schema = 'fairqueue' AND table_name NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes
+        WHERE schemaname = 'fairqueue' AND tablename NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
     "constraints": """
         SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
         JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'fairqueue' ORDER BY 1, 2""",
+        WHERE n.nspname = 'fairqueue' AND c.relname NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosecdef, coalesce(p.proconfig, '{}'),
                md5(pg_get_functiondef(p.oid)), coalesce(p.proacl::text, '')

@@ -2,6 +2,7 @@
 #   make demo        fair queueing demo on an embedded PostgreSQL
 #   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18; installs
 #                    headless Chromium with apt for the admin's browser test if it is missing)
+#   make jdbc        PostgreSQL's JDBC jar (apt) for the Spark pipeline and its tests
 #   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
 #   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
 #   make bench-e2e   worker processes end to end vs a hand-written loop (appends to docs/benchmarks.md)
@@ -9,14 +10,14 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PG15    ?= /usr/lib/postgresql/15/bin
-PYTEST  ?= $(PY) -m pytest -n 2
+PYTEST  ?= $(PY) -m pytest -n 2 --dist loadgroup
 
 # the first Python >= 3.12 on PATH (pyenv's python3 shim honours .python-version in this folder)
 PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint browser bench-claim bench-e2e clean
+.PHONY: demo test test-pg15 lint browser jdbc bench-claim bench-e2e clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -33,7 +34,7 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: lint browser
+test: lint browser jdbc
 	$(PYTEST)
 
 # headless Chromium and its driver, for the Django admin's browser test (Debian packages)
@@ -48,9 +49,21 @@ browser:
 	  echo "could not install chromium: the browser test will fail"; \
 	fi
 
+# PostgreSQL's JDBC driver for the Spark pipeline (Debian package; Spark cannot fetch it from Maven here)
+jdbc:
+	@if [ -f /usr/share/java/postgresql.jar ] || [ -n "$$FAIRQUEUE_JDBC_JAR" ]; then :; \
+	else \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "installing libpostgresql-jdbc-java (apt) for the Spark tests"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null 2>&1 && \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null; } || \
+	  echo "could not install libpostgresql-jdbc-java: the Spark tests will fail"; \
+	fi
+
 test-pg15: $(VENV)/.installed-dev
 	@if [ -x "$(PG15)/postgres" ]; then \
-	  FAIRQUEUE_TEST_PG_BINDIR=$(PG15) $(PYTEST) -m "not slow"; \
+	  FAIRQUEUE_TEST_PG_BINDIR=$(PG15) $(PYTEST) -m "not slow and not spark"; \
 	else echo "no PostgreSQL 15 binaries in $(PG15): skipped"; fi
 
 bench-claim: $(VENV)/.installed-dev

@@ -134,6 +134,7 @@ class LocalPostgres:
     def _start_server(self) -> None:
         assert self.datadir is not None
         pgdata = self.datadir / "data"
+        # with a TCP port the server listens on 127.0.0.1 as well as on its unix socket
         opts = [f"-k {self.datadir}", "-p " + str(self.tcp_port or 5432)]
         opts.append("-h 127.0.0.1" if self.tcp_port else "-h ''")
         opts += [f"-c {key}={value}" for key, value in self.settings.items()]
@@ -190,8 +191,20 @@ class LocalPostgres:
         if self.datadir is None:
             raise RuntimeError("server is not running")
         if self.tcp_port:
-            return f"postgresql://postgres@127.0.0.1:{self.tcp_port}/{database}"
+            return self.tcp_url_for(database)
         return f"postgresql://postgres@/{database}?host={self.datadir}&port=5432"
+
+    def socket_url_for(self, database: str) -> str:
+        """The unix-socket URL of ``database`` (the server always listens on its socket)."""
+        if self.datadir is None:
+            raise RuntimeError("server is not running")
+        return f"postgresql://postgres@/{database}?host={self.datadir}&port={self.tcp_port or 5432}"
+
+    def tcp_url_for(self, database: str) -> str:
+        """The 127.0.0.1 URL of ``database`` (only when the server was started with ``tcp_port``)."""
+        if self.datadir is None or not self.tcp_port:
+            raise RuntimeError("server is not listening on TCP")
+        return f"postgresql://postgres@127.0.0.1:{self.tcp_port}/{database}"
 
     @property
     def server_log(self) -> str:

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from fairqueue import migrations
-from fairqueue.embedded import LocalPostgres, reap_orphans
+from fairqueue.embedded import LocalPostgres, free_tcp_port, reap_orphans
 from fairqueue.roles import READABLE_TABLES as TABLES  # every table of the queue
 from fairqueue.urls import to_sqlalchemy, with_database
 
@@ -32,19 +32,32 @@ def _worker_suffix() -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
-    """URL of a database on the test server where test databases can be created."""
+def server_urls() -> Iterator[tuple[str, str]]:
+    """(socket or given URL, TCP URL) of the test server's ``postgres`` database."""
     external = os.environ.get("FAIRQUEUE_TEST_DATABASE_URL")
     if external:
-        yield external
+        yield external, external
         return
     reap_orphans()
-    server = LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None)
+    # also on 127.0.0.1: Spark's JDBC driver cannot use a unix socket
+    server = LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None, tcp_port=free_tcp_port())
     server.start()
     try:
-        yield server.url
+        yield server.socket_url_for("postgres"), server.tcp_url_for("postgres")
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_url(server_urls: tuple[str, str]) -> str:
+    """URL of a database on the test server where test databases can be created."""
+    return server_urls[0]
+
+
+@pytest.fixture(scope="session")
+def tcp_server_url(server_urls: tuple[str, str]) -> str:
+    """The same server over TCP (for Spark's JDBC reads)."""
+    return server_urls[1]
 
 
 def _recreate_database(server: str, name: str) -> str:
@@ -187,3 +200,35 @@ def other_database(django_url: str, server_url: str) -> Iterator[str]:
     url = _recreate_database(server_url, f"fq_django_other_{_worker_suffix()}")
     yield url
     connections["other"].close()
+
+
+# -- Spark ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] Spark session for every Spark test of this process (mark them ``spark``)."""
+    from fairqueue.spark import spark_session
+
+    session = spark_session(
+        "local[2]",
+        app_name="fairqueue-tests",
+        config={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def spark_url(db_url: str, tcp_server_url: str) -> str:
+    """The emptied test database (see ``db_url``), over TCP so Spark's JDBC driver can reach it."""
+    from fairqueue.urls import database_name
+
+    return with_database(tcp_server_url, database_name(db_url))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # one Spark session per test process: keep every Spark test in the same xdist process
+    for item in items:
+        if item.get_closest_marker("spark"):
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -1,0 +1,12 @@
+"""fairqueue's data pipeline on Spark (PySpark): history archive, analytics, bulk enqueue.
+
+Needs the ``spark`` extra (``pip install 'fairqueue[spark]'``) and PostgreSQL's JDBC driver jar
+(Debian: ``apt-get install libpostgresql-jdbc-java``; elsewhere point ``FAIRQUEUE_JDBC_JAR`` at it).
+Everything runs on ``local[*]`` by default and on any cluster given ``master=`` / ``--master``.
+"""
+
+from __future__ import annotations
+
+from fairqueue.spark.session import JdbcTarget, jdbc_jar, jdbc_target, spark_session
+
+__all__ = ["JdbcTarget", "jdbc_jar", "jdbc_target", "spark_session"]

@@ -4,6 +4,7 @@ Enqueue inside your own transaction; workers serve channels (tenants) round-robi
 channel's concurrency cap, rate limit and weight. See README.md and docs/.
 """
 
+from fairqueue.bulk import BatchResult, BulkEnqueueError, bulk_enqueue
 from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
@@ -40,6 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backoff",
+    "BatchResult",
+    "BulkEnqueueError",
     "ChannelInfo",
     "ClaimedJob",
     "ConfigurationError",
@@ -58,6 +61,7 @@ __all__ = [
     "UnknownWorkerError",
     "UnsupportedConnectionError",
     "__version__",
+    "bulk_enqueue",
     "cancel",
     "claim_batch",
     "complete",

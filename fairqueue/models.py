@@ -17,6 +17,7 @@ from sqlalchemy import (
     Computed,
     DateTime,
     Double,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -215,6 +216,38 @@ class PeriodicSchedule(Base):
     last_job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+
+
+class BulkRun(Base):
+    """A bulk enqueue run (fairqueue.bulk / fairqueue.spark): its batch layout and when it finished."""
+
+    __tablename__ = "bulk_run"
+
+    run_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str | None] = mapped_column(Text)
+    row_count: Mapped[int | None] = mapped_column(BigInteger)
+    fingerprint: Mapped[str | None] = mapped_column(Text)
+    buckets: Mapped[int | None] = mapped_column(Integer)
+    batch_size: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    finished_at: Mapped[datetime | None] = mapped_column(TZ)
+
+
+class BulkBatch(Base):
+    """The ledger: one row per committed batch of a bulk run, written in the batch's transaction."""
+
+    __tablename__ = "bulk_batch"
+    __table_args__ = (PrimaryKeyConstraint("run_id", "batch_key", name="bulk_batch_pkey"),)
+
+    run_id: Mapped[str] = mapped_column(
+        Text, ForeignKey("fairqueue.bulk_run.run_id", ondelete="CASCADE", name="bulk_batch_run_id_fkey")
+    )
+    batch_key: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(Text)
+    call_id: Mapped[str | None] = mapped_column(Text)
+    jobs: Mapped[int] = mapped_column(Integer)
+    created: Mapped[int] = mapped_column(Integer)
+    inserted_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
 
 
 class CompletedJob(Base):

@@ -5,7 +5,9 @@ owner, search_path pinned), and EXECUTE on them is revoked from PUBLIC. A role i
 the operations of its level, and read access to the queue's tables; no level may write a table
 directly, so a web app's credentials cannot rewrite queue state.
 
-- ``producer`` (the web app): enqueue, and read job state (``fairqueue.get_job``).
+- ``producer`` (the web app): enqueue (also in bulk: ``fairqueue.bulk_enqueue`` and
+  ``fairqueue.spark.enqueue_dataframe``, which stage rows in a temporary table of their own), and read
+  job state (``fairqueue.get_job``).
 - ``worker``: what a producer may, plus register, heartbeat, claim, finish, release, and the
   maintenance chores (lease recovery, due jobs, partitions). Handlers that enqueue follow-up jobs
   need the producer's rights, which is why a worker has them.
@@ -26,7 +28,7 @@ from fairqueue.errors import ConfigurationError
 
 Level = Literal["producer", "worker", "admin"]
 
-_PRODUCER = ("enqueue", "enqueue_many", "existing_job_ids")
+_PRODUCER = ("enqueue", "enqueue_many", "existing_job_ids", "begin_bulk_run", "enqueue_batch", "finish_bulk_run")
 _WORKER = (
     *_PRODUCER,
     "register_worker",
@@ -59,6 +61,8 @@ READABLE_TABLES = (
     "worker",
     "completed_job",
     "periodic_schedule",
+    "bulk_run",
+    "bulk_batch",
 )
 
 

@@ -207,11 +207,15 @@ def other_database(django_url: str, server_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """One local[2] Spark session for every Spark test of this process (mark them ``spark``)."""
+    """One local[2] Spark session for every Spark test of this process (mark them ``spark``).
+
+    local[2,4]: two threads, and a failed task is tried up to 4 times as on a cluster (plain
+    local[2] never retries a task, so retries could not be tested).
+    """
     from fairqueue.spark import spark_session
 
     session = spark_session(
-        "local[2]",
+        "local[2,4]",
         app_name="fairqueue-tests",
         config={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4"},
     )

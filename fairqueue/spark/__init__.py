@@ -7,6 +7,7 @@ Everything runs on ``local[*]`` by default and on any cluster given ``master=`` 
 
 from __future__ import annotations
 
+from fairqueue.spark.bulk import BulkRunResult, enqueue_dataframe
 from fairqueue.spark.session import JdbcTarget, jdbc_jar, jdbc_target, spark_session
 
-__all__ = ["JdbcTarget", "jdbc_jar", "jdbc_target", "spark_session"]
+__all__ = ["BulkRunResult", "JdbcTarget", "enqueue_dataframe", "jdbc_jar", "jdbc_target", "spark_session"]

@@ -1,0 +1,326 @@
+"""Bulk enqueue through COPY, optionally as one batch of an idempotent bulk run.
+
+:func:`bulk_enqueue` is :func:`fairqueue.enqueue_many` for large volumes: the jobs travel to the
+server with ``COPY`` into a temporary table of the session (no per-row parameters), and one call of
+the SQL function ``fairqueue.enqueue_batch`` turns them into jobs with ``fairqueue.enqueue_many``'s
+own logic (unique keys, delayed/FIFO/dependent jobs, channel wakeups). It returns counts, not ids.
+
+With ``run_id``, the call is one batch of a bulk run, recorded in a ledger (``fairqueue.bulk_batch``)
+in the same transaction as its jobs: a batch commits at most once, so running the same batch again
+(a retried task, a re-run of a whole job) writes nothing and reports what the first commit did.
+:func:`fairqueue.spark.enqueue_dataframe` is built on this.
+
+Needs the right to create temporary tables in the database (PostgreSQL grants it to everyone by
+default); the ``producer`` level of :mod:`fairqueue.roles` has every other right it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import pq
+
+from fairqueue._db import executor_for, psycopg_error
+from fairqueue.errors import FairqueueError, InvalidJobError, UnsupportedConnectionError
+from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked
+from fairqueue.validation import check_text
+
+__all__ = ["BatchResult", "BulkEnqueueError", "bulk_enqueue"]
+
+#: The session's staging table (temporary: private to the session, gone at its end; emptied at commit).
+STAGE = "fairqueue_bulk_stage"
+#: Every column a staged job can have, in COPY order for :func:`bulk_enqueue`.
+ALL_COLUMNS = (
+    "kind",
+    "channel",
+    "args",
+    "run_at",
+    "max_attempts",
+    "timeout_seconds",
+    "unique_key",
+    "fifo_key",
+    "depends_on",
+)
+
+_STAGE_EXISTS = f"SELECT to_regclass('pg_temp.{STAGE}') IS NOT NULL"
+_CREATE_STAGE = f"""
+CREATE TEMPORARY TABLE {STAGE} (
+    kind text, channel text, args jsonb, run_at timestamptz, max_attempts integer,
+    timeout_seconds double precision, unique_key text, fifo_key text, depends_on jsonb
+) ON COMMIT DELETE ROWS
+"""
+
+# One statement: the staged rows become parallel arrays (aggregates of one scan stay aligned) for
+# fairqueue.enqueue_batch. Columns that are NULL on every row go as NULL arrays ("the default"), as
+# enqueue_many's callers do; kind, max_attempts and timeout may come as one value for all rows.
+_ENQUEUE_STAGED = f"""
+SELECT b.jobs, b.created, b.done_before, b.call_id
+FROM (
+    SELECT array_agg(coalesce(s.kind, %(kind)s::text)) AS kinds,
+           array_agg(s.args) AS args,
+           array_agg(s.channel) AS channels,
+           CASE WHEN count(s.run_at) > 0 THEN array_agg(s.run_at) END AS run_ats,
+           array_agg(coalesce(s.max_attempts, %(max_attempts)s::integer)) AS max_attempts,
+           CASE WHEN count(s.timeout_seconds) > 0 OR %(timeout)s::double precision IS NOT NULL
+                THEN array_agg(coalesce(s.timeout_seconds, %(timeout)s::double precision)) END AS timeouts,
+           CASE WHEN count(s.unique_key) > 0 THEN array_agg(s.unique_key) END AS unique_keys,
+           CASE WHEN count(s.fifo_key) > 0 THEN array_agg(s.fifo_key) END AS fifo_keys,
+           CASE WHEN count(s.depends_on) > 0 THEN array_agg(s.depends_on) END AS depends_on
+    FROM pg_temp.{STAGE} AS s
+) AS a
+CROSS JOIN LATERAL fairqueue.enqueue_batch(
+    %(run_id)s::text, %(batch_key)s::text, %(digest)s::text, %(call_id)s::text, a.kinds, a.args, a.channels,
+    a.run_ats, a.max_attempts, a.timeouts, a.unique_keys, a.fifo_keys, a.depends_on) AS b
+"""
+
+_RECORDED_BATCH = """
+SELECT digest, jobs, created, call_id FROM fairqueue.bulk_batch WHERE run_id = %s AND batch_key = %s
+"""
+
+# COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+NULL = "\\N"
+
+
+class BulkEnqueueError(FairqueueError):
+    """A bulk enqueue failed; the message says what, and what of the run had been committed."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What a batch did. ``done_before``: the ledger already held the batch, so nothing was written
+    now, and ``jobs``/``created``/``call_id`` are what the commit that recorded it did."""
+
+    jobs: int
+    created: int
+    done_before: bool = False
+    call_id: str | None = None
+
+    @property
+    def duplicates(self) -> int:
+        """Jobs not created because an unfinished job held their unique key."""
+        return self.jobs - self.created
+
+
+def escape(value: str | None) -> str:
+    """A text value as a field of COPY's text format."""
+    return NULL if value is None else value.translate(_ESCAPES)
+
+
+def digest_of(data: str, *context: object) -> str:
+    """A batch's content digest: its COPY text plus whatever else decides its jobs (kind, defaults)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps([str(c) for c in context]).encode())
+    h.update(b"\n")
+    h.update(data.encode("utf-8"))
+    return h.hexdigest()
+
+
+def ensure_stage(conn: psycopg.Connection[Any]) -> None:
+    """Creates the session's staging table unless it exists (in the current transaction, if any:
+    a table made in a transaction that rolls back is gone again, and made again next time)."""
+    with conn.cursor() as cur:
+        row = cur.execute(_STAGE_EXISTS).fetchone()
+        if not (row and row[0]):
+            cur.execute(_CREATE_STAGE)
+
+
+def recorded_batch(conn: psycopg.Connection[Any], run_id: str, batch_key: str) -> tuple[str, BatchResult] | None:
+    """(digest, result) of a batch the ledger holds, or None."""
+    row = conn.execute(_RECORDED_BATCH, (run_id, batch_key)).fetchone()
+    if row is None:
+        return None
+    return str(row[0]), BatchResult(int(row[1]), int(row[2]), True, row[3])
+
+
+def enqueue_staged(
+    conn: psycopg.Connection[Any],
+    data: str,
+    columns: Sequence[str],
+    *,
+    run_id: str | None = None,
+    batch_key: str | None = None,
+    digest: str | None = None,
+    call_id: str | None = None,
+    kind: str | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+) -> BatchResult:
+    """COPYs ``data`` (rows of ``columns`` in COPY text format, each ending in a newline) into the
+    staging table and enqueues them, as a batch of ``run_id`` if given. ``kind``, ``max_attempts``
+    and ``timeout`` fill rows that do not carry them. Runs in a transaction of its own, or in a
+    savepoint of the caller's transaction (the staging table is made in it if need be, so this also
+    works through a pooler that hands each transaction to another server session).
+
+    The rows must have been validated: the database only enforces its constraints.
+    """
+    unknown = set(columns) - set(ALL_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown staging columns {sorted(unknown)}")
+    copy_sql = f"COPY pg_temp.{STAGE} ({', '.join(columns)}) FROM STDIN"
+    inside_caller_transaction = conn.info.transaction_status == pq.TransactionStatus.INTRANS
+    params = {
+        "kind": kind,
+        "max_attempts": max_attempts,
+        "timeout": timeout,
+        "run_id": run_id,
+        "batch_key": batch_key,
+        "digest": digest,
+        "call_id": call_id,
+    }
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            ensure_stage(conn)
+            with cur.copy(copy_sql) as copy:
+                copy.write(data)
+            row = cur.execute(_ENQUEUE_STAGED, params).fetchone()
+            if inside_caller_transaction:  # the rows would stay until the caller commits
+                cur.execute(f"TRUNCATE pg_temp.{STAGE}")
+    except psycopg.errors.InvalidParameterValue as exc:  # fairqueue's own checks in enqueue_batch
+        raise BulkEnqueueError(str(exc.diag.message_primary or exc), run_id=run_id) from None
+    assert row is not None
+    return BatchResult(int(row[0]), int(row[1]), bool(row[2]), row[3])
+
+
+def _psycopg_connection(db: object) -> psycopg.Connection[Any]:
+    """The psycopg 3 connection behind ``db``, with the caller's transaction begun where the caller
+    has one (a SQLAlchemy Session/Connection, a Django connection inside ``atomic()``)."""
+    if isinstance(db, psycopg.Connection):
+        return db
+    ex: Any = executor_for(db)
+    ex.rows("SELECT 1")  # joins (or begins) the caller's transaction through the caller's own object
+    outer = ex.conn  # a SQLAlchemy Connection (its DBAPI connection wraps psycopg's) or a Django connection
+    sqlalchemy = type(outer).__module__.startswith("sqlalchemy.")
+    raw: object = outer.connection.driver_connection if sqlalchemy else outer.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise UnsupportedConnectionError(f"bulk enqueue needs psycopg 3 underneath, not {type(raw).__name__}")
+    return raw
+
+
+def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]:
+    """enqueue_many's checks, job by job (mappings are read directly rather than through JobSpec)."""
+    checked: list[_Checked] = []
+    fields = frozenset(JobSpec.__dataclass_fields__)
+    for i, spec in enumerate(jobs):
+        try:
+            if isinstance(spec, Mapping):
+                if not fields.issuperset(spec):
+                    raise InvalidJobError(f"unknown field(s) {sorted(set(spec) - fields)}")
+                if "kind" not in spec:
+                    raise InvalidJobError("kind is required")
+                get = spec.get
+                job = _check(
+                    spec["kind"],
+                    get("args"),
+                    get("channel", "default"),
+                    get("run_at"),
+                    get("delay"),
+                    get("max_attempts"),
+                    get("timeout"),
+                    get("unique_key"),
+                    get("fifo_key"),
+                    get("after"),
+                )
+            elif isinstance(spec, JobSpec):
+                job = _check(
+                    spec.kind,
+                    spec.args,
+                    spec.channel,
+                    spec.run_at,
+                    spec.delay,
+                    spec.max_attempts,
+                    spec.timeout,
+                    spec.unique_key,
+                    spec.fifo_key,
+                    spec.after,
+                )
+            else:
+                raise InvalidJobError(f"expected a JobSpec or a mapping, got {type(spec).__name__}")
+        except InvalidJobError as exc:
+            raise InvalidJobError(f"job #{i}: {exc}") from None
+        checked.append(job)
+    return checked
+
+
+def _copy_text(checked: list[_Checked]) -> str:
+    lines = []
+    for j in checked:
+        args = j.args.replace("\\", "\\\\") if "\\" in j.args else j.args  # JSON text has no raw tabs or newlines
+        lines.append(
+            "\t".join(
+                (
+                    escape(j.kind),
+                    escape(j.channel),
+                    args,
+                    NULL if j.run_at is None else j.run_at.isoformat(),
+                    str(j.max_attempts),
+                    NULL if j.timeout is None else repr(j.timeout),
+                    escape(j.unique_key),
+                    escape(j.fifo_key),
+                    NULL if j.after is None else "[" + ",".join(map(str, j.after)) + "]",
+                )
+            )
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def bulk_enqueue(
+    db: object,
+    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    run_id: str | None = None,
+    batch_key: str | None = None,
+    call_id: str | None = None,
+) -> BatchResult:
+    """Adds many jobs through COPY, in the transaction of ``db``; returns counts (not ids).
+
+    ``jobs`` are what :func:`fairqueue.enqueue_many` takes (:class:`~fairqueue.JobSpec` or
+    mappings), checked by the same rules, every one before any is written. Jobs whose unique key
+    an unfinished job holds are not created (``BatchResult.duplicates``). ``db`` is anything
+    :func:`fairqueue.enqueue` accepts; like ``enqueue_many``, the jobs exist when its transaction
+    commits (with an autocommit connection: when this call returns).
+
+    With ``run_id`` the call is one batch of that bulk run, recorded in the ledger in the same
+    transaction: if the ledger holds the batch already (key ``batch_key``, by default the digest of
+    the jobs' content) nothing is written and the result has ``done_before=True``. A batch key
+    recorded with other content raises :class:`BulkEnqueueError`. ``call_id`` is stored with the
+    batch (who committed it).
+    """
+    if run_id is not None:
+        run_id = check_text("run_id", run_id)
+        if batch_key is not None:
+            batch_key = check_text("batch_key", batch_key)
+    elif batch_key is not None or call_id is not None:
+        raise InvalidJobError("batch_key and call_id belong to a bulk run: give run_id too")
+    checked = _checked_jobs(jobs)
+    if not checked:
+        return BatchResult(0, 0)
+    dependencies = {d for job in checked for d in (job.after or ())}
+    if dependencies:
+        _check_dependencies_exist(executor_for(db), dependencies)
+    conn = _psycopg_connection(db)
+    data = _copy_text(checked)
+    digest = digest_of(data, *ALL_COLUMNS) if run_id is not None else None
+    if run_id is not None and batch_key is None:
+        batch_key = digest
+    # A first statement begins the caller's transaction where psycopg begins one implicitly (a
+    # connection not in autocommit mode), as enqueue_many's statement would: the jobs then commit
+    # with the caller's transaction, and the batch runs in a savepoint of it.
+    ensure_stage(conn)
+    try:
+        return enqueue_staged(
+            conn, data, ALL_COLUMNS, run_id=run_id, batch_key=batch_key, digest=digest, call_id=call_id
+        )
+    except psycopg.Error as exc:
+        error = psycopg_error(exc)
+        raise BulkEnqueueError(f"bulk enqueue failed: {error or exc}", run_id=run_id) from exc

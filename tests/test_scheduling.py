@@ -301,3 +301,30 @@ def test_cancelling_a_dependency_fails_its_dependants(conn: psycopg.Connection[A
     info = fairqueue.get_job(conn, child)
     assert info is not None and info.status == "dependency_failed"
     assert info.error == f"dependency {parent} ended with outcome cancelled"
+
+
+# -- the maintenance role's intake ----------------------------------------------------------------------
+
+
+def _notifications(listener: psycopg.Connection[Any]) -> int:
+    return sum(1 for _ in listener.notifies(timeout=0.2, stop_after=1))
+
+
+def test_promote_due_jobs_wakes_idle_workers_when_it_takes_work_in(
+    conn: psycopg.Connection[Any], connect: Connections
+) -> None:
+    """The maintenance role's intake can win a fresh wakeup from an idle worker's claim: it then has
+    to notify, or the job waits for the next poll (a flake of the listener test, once in ~20 runs)."""
+    listener = connect()
+    listener.execute("LISTEN fairqueue")
+    fairqueue.enqueue(conn, "k", channel="bob")  # notifies: an idle worker claims, finds the wakeup ...
+    assert _notifications(listener) == 1
+    conn.execute("SELECT fairqueue.promote_due_jobs()")  # ... unless maintenance took it in first
+    assert _notifications(listener) == 1, "an idle worker would not learn that bob is ready"
+    fairqueue.enqueue(conn, "later", channel="alice", delay=60)
+    _notifications(listener)
+    _make_due(conn)
+    conn.execute("SELECT fairqueue.promote_due_jobs()")
+    assert _notifications(listener) == 1, "a due job made ready by maintenance must wake a worker"
+    conn.execute("SELECT fairqueue.promote_due_jobs()")  # nothing left to take in: stays quiet
+    assert _notifications(listener) == 0

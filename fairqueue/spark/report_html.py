@@ -1,0 +1,681 @@
+"""The page of ``fairqueue report``: one self-contained HTML file (inline CSS and SVG, no script, no font
+or stylesheet from elsewhere) rendered from plain Python data, so it needs no Spark to test.
+
+Every number shown also sits, unrounded, in a ``data-value`` attribute next to what it describes
+(``data-kpi``, ``data-col``, ``data-series``, ``data-channel``, ``data-window``), for tools and tests.
+Names (channels, kinds) are escaped everywhere: they are whatever producers chose.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from html import escape
+from typing import Any
+
+# Tableau 10 without its grey, which marks "other"
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+OTHER_COLOR = "#a5a5a5"
+BAD = "#c0392b"
+
+WIDTH, HEIGHT = 960, 300
+LEFT, RIGHT, TOP, BOTTOM = 72, 24, 28, 34
+
+
+# -- formatting -----------------------------------------------------------------------------------------
+
+
+def _sig(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, never in exponent form."""
+    if value == 0 or not math.isfinite(value):
+        return "0" if value == 0 else str(value)
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = float(seconds)
+    if abs(s) < 1e-3:
+        return f"{_sig(s * 1e6)} µs" if s else "0 ms"
+    if abs(s) < 1:
+        return f"{_sig(s * 1000)} ms"
+    if abs(s) < 60:
+        return f"{_sig(s)} s"
+    if abs(s) < 3600:
+        return f"{_sig(s / 60)} min"
+    if abs(s) < 2 * 86400:
+        return f"{_sig(s / 3600)} h"
+    return f"{_sig(s / 86400)} d"
+
+
+def fmt_rate(rate: float | None) -> str:
+    if rate is None:
+        return "-"
+    if 0 < rate < 0.001:
+        return "<0.1%"
+    return f"{rate * 100:.1f}%"
+
+
+def fmt_number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1000):
+        return f"{int(value):,}"
+    return _sig(float(value), digits)
+
+
+def fmt_throughput(per_second: float | None) -> str:
+    if per_second is None:
+        return "-"
+    if per_second >= 1 or per_second == 0:
+        return f"{_sig(per_second)} jobs/s"
+    if per_second * 60 >= 1:
+        return f"{_sig(per_second * 60)} jobs/min"
+    return f"{_sig(per_second * 3600)} jobs/h"
+
+
+def fmt_time(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    when = when.astimezone(UTC)
+    return when.strftime("%Y-%m-%d %H:%M" + (":%S" if when.second or when.microsecond else "")) + " UTC"
+
+
+def _iso(micros: int) -> str:
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)).isoformat().replace("+00:00", "Z")
+
+
+def _when(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+
+def _attr(value: object) -> str:
+    return escape("" if value is None else repr(value) if isinstance(value, float) else str(value), quote=True)
+
+
+# -- charts ---------------------------------------------------------------------------------------------
+
+_TIME_STEPS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400)
+_LOG_TICKS = (
+    1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0, 6 * 3600.0, 86400.0, 7 * 86400.0, 30 * 86400.0
+)  # fmt: skip
+
+
+class _Frame:
+    """The plot area of one chart: time on x (Unix microseconds), a value on y."""
+
+    def __init__(self, x0: int, x1: int, height: int = HEIGHT) -> None:
+        self.x0, self.x1 = x0, max(x1, x0 + 1)
+        self.height = height
+        self.plot_w = WIDTH - LEFT - RIGHT
+        self.plot_h = height - TOP - BOTTOM
+
+    def x(self, micros: float) -> float:
+        return LEFT + (micros - self.x0) / (self.x1 - self.x0) * self.plot_w
+
+    def open(self, label: str) -> list[str]:
+        return [
+            f'<svg viewBox="0 0 {WIDTH} {self.height}" role="img" aria-label="{escape(label, quote=True)}" '
+            'xmlns="http://www.w3.org/2000/svg">'
+        ]
+
+    def time_axis(self) -> list[str]:
+        span = (self.x1 - self.x0) / 1e6
+        step = next((s for s in _TIME_STEPS if span / s <= 8), None)
+        if step is None:
+            step = 30 * 86400 * max(1, math.ceil(span / (8 * 30 * 86400)))
+        step_us = step * 1_000_000
+        first = -(-self.x0 // step_us) * step_us
+        base = TOP + self.plot_h
+        out = [f'<line class="axis" x1="{LEFT}" y1="{base}" x2="{LEFT + self.plot_w}" y2="{base}"/>']
+        for tick in range(first, self.x1 + 1, step_us):
+            when = _when(tick)
+            if step >= 86400 or (when.hour == 0 and when.minute == 0):
+                label = when.strftime("%b %d")
+            else:
+                label = when.strftime("%H:%M")
+            x = self.x(tick)
+            out.append(f'<line class="tick" x1="{x:.1f}" y1="{base}" x2="{x:.1f}" y2="{base + 5}"/>')
+            out.append(f'<text class="xlabel" x="{x:.1f}" y="{base + 18}">{label}</text>')
+        out.append(f'<text class="unit" x="{LEFT + self.plot_w}" y="{self.height - 2}">time (UTC)</text>')
+        return out
+
+    def y_grid(self, ticks: list[tuple[float, str]], unit: str) -> list[str]:
+        out = []
+        for y, label in ticks:
+            out.append(f'<line class="grid" x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + self.plot_w}" y2="{y:.1f}"/>')
+            out.append(f'<text class="ylabel" x="{LEFT - 8}" y="{y + 4:.1f}">{escape(label)}</text>')
+        out.append(f'<text class="yunit" x="{LEFT}" y="{TOP - 12}">{escape(unit)}</text>')
+        return out
+
+
+def _path(points: list[tuple[float, float] | None]) -> str:
+    """An SVG path through the points, broken where a point is missing."""
+    parts: list[str] = []
+    pen_down = False
+    for point in points:
+        if point is None:
+            pen_down = False
+            continue
+        parts.append(f"{'L' if pen_down else 'M'}{point[0]:.1f},{point[1]:.1f}")
+        pen_down = True
+    return " ".join(parts)
+
+
+class _Groups:
+    """The channels the charts name, their colours and labels (None is "other")."""
+
+    def __init__(self, groups: list[str | None], other_channels: int) -> None:
+        self.order = groups
+        self.color = {g: (PALETTE[i % len(PALETTE)] if g is not None else OTHER_COLOR) for i, g in enumerate(groups)}
+        self.other_channels = other_channels
+
+    def label(self, group: str | None) -> str:
+        if group is not None:
+            return group
+        return f"other ({self.other_channels} channel{'' if self.other_channels == 1 else 's'})"
+
+    def attrs(self, group: str | None) -> str:
+        return 'data-other="true"' if group is None else f'data-channel="{_attr(group)}"'
+
+    def legend(self, extra: str = "") -> str:
+        items = "".join(
+            f'<li><span class="swatch" style="background:{self.color[g]}"></span>{escape(self.label(g))}</li>'
+            for g in self.order
+        )
+        return f'<ul class="legend">{items}{extra}</ul>'
+
+
+def _wait_chart(page: dict[str, Any], groups: _Groups) -> str:
+    axis: list[int] = page["axis_us"]
+    cw = int(page["chart_window_us"])
+    frame = _Frame(axis[0], axis[-1] + cw)
+    rows = {(r["chart_us"], r["grp"]): r for r in page["chart"]}
+    threshold = float(page["threshold_seconds"])
+    values = [float(r[k]) for r in page["chart"] for k in ("wait_p50_s", "wait_p95_s") if r[k] is not None and r[k] > 0]
+    lo = min([*values, threshold])
+    hi = max([*values, threshold])
+    # the axis ends on labelled ticks: the nearest one at or below the least value, at or above the most
+    a = math.log10(max([t for t in _LOG_TICKS if t <= lo], default=10.0 ** math.floor(math.log10(lo))))
+    b = math.log10(min([t for t in _LOG_TICKS if t >= hi], default=10.0 ** math.ceil(math.log10(hi))))
+    if b - a < 1:
+        b = a + 1
+
+    def y(value: float) -> float:
+        v = max(float(value), 10.0**a)
+        return TOP + (1 - (math.log10(v) - a) / (b - a)) * frame.plot_h
+
+    ticks = [(y(t), fmt_duration(t)) for t in _LOG_TICKS if 10.0**a * 0.999 <= t <= 10.0**b * 1.001]
+    out = frame.open("queue wait per channel over time")
+    out += frame.y_grid(ticks, "queue wait (log scale)")
+    out += frame.time_axis()
+    ty = y(threshold)
+    out.append(f'<line class="threshold" x1="{LEFT}" y1="{ty:.1f}" x2="{LEFT + frame.plot_w}" y2="{ty:.1f}"/>')
+    out.append(
+        f'<text class="threshold-label" x="{LEFT + frame.plot_w - 4}" y="{ty - 5:.1f}">starvation threshold '
+        f"{fmt_duration(threshold)}</text>"
+    )
+    radius = 3 if len(axis) <= 60 else 2 if len(axis) <= 120 else 1.2
+    for series, dash in (("wait_p95_s", ' stroke-dasharray="6 4"'), ("wait_p50_s", "")):
+        for group in reversed(groups.order):
+            color = groups.color[group]
+            points: list[tuple[float, float] | None] = []
+            dots: list[str] = []
+            for start in axis:
+                row = rows.get((start, group))
+                if row is None or row[series] is None:
+                    points.append(None)
+                    continue
+                value = row[series]
+                point = (frame.x(start + cw / 2), y(value))
+                points.append(point)
+                fill = color if series == "wait_p50_s" else "#fff"
+                tip = (
+                    f"{groups.label(group)} · {fmt_time(_when(start))}\n"
+                    f"queue wait {'p50' if series == 'wait_p50_s' else 'p95'}: {fmt_duration(value)}"
+                    f" ({row['started']} started)"
+                )
+                dots.append(
+                    f'<circle cx="{point[0]:.1f}" cy="{point[1]:.1f}" r="{radius}" fill="{fill}" stroke="{color}" '
+                    f'data-series="{series}" {groups.attrs(group)} data-window="{_iso(start)}" '
+                    f'data-value="{_attr(float(value))}"><title>{escape(tip)}</title></circle>'
+                )
+            width = 2.2 if series == "wait_p50_s" else 1.4
+            out.append(
+                f'<path d="{_path(points)}" fill="none" stroke="{color}" stroke-width="{width}"{dash} '
+                'stroke-linejoin="round"/>'
+            )
+            out += dots
+    out.append("</svg>")
+    keys = (
+        '<li class="key"><svg width="28" height="10"><line x1="0" y1="5" x2="28" y2="5" stroke="#333" '
+        'stroke-width="2.2"/></svg>p50</li>'
+        '<li class="key"><svg width="28" height="10"><line x1="0" y1="5" x2="28" y2="5" stroke="#333" '
+        'stroke-width="1.4" stroke-dasharray="6 4"/></svg>p95</li>'
+        f'<li class="key"><svg width="28" height="10"><line x1="0" y1="5" x2="28" y2="5" stroke="{BAD}" '
+        'stroke-width="1.4" stroke-dasharray="2 3"/></svg>starvation threshold</li>'
+    )
+    return "".join(out) + groups.legend(keys)
+
+
+def _share_chart(page: dict[str, Any], groups: _Groups) -> str:
+    axis: list[int] = page["axis_us"]
+    cw = int(page["chart_window_us"])
+    frame = _Frame(axis[0], axis[-1] + cw, height=260)
+    rows = {(r["chart_us"], r["grp"]): r for r in page["chart"]}
+
+    def y(share: float) -> float:
+        return TOP + (1 - share) * frame.plot_h
+
+    out = frame.open("share of throughput per channel per window")
+    out += frame.y_grid([(y(s / 4), f"{s * 25}%") for s in range(5)], "share of jobs finished")
+    out += frame.time_axis()
+    for start in axis:
+        x0, x1 = frame.x(start), frame.x(start + cw)
+        gap = 1.0 if x1 - x0 > 4 else 0.0
+        level = 0.0
+        for group in groups.order:
+            row = rows.get((start, group))
+            if row is None or not row["share_of_jobs"]:
+                continue
+            share = float(row["share_of_jobs"])
+            tip = (
+                f"{fmt_time(_when(start))}\n{groups.label(group)}: {fmt_rate(share)} of the jobs "
+                f"({row['jobs']} jobs, {fmt_throughput(row['throughput_per_s'])})"
+            )
+            out.append(
+                f'<rect x="{x0 + gap / 2:.2f}" y="{y(level + share):.2f}" width="{max(0.5, x1 - x0 - gap):.2f}" '
+                f'height="{share * frame.plot_h:.2f}" fill="{groups.color[group]}" data-series="share_of_jobs" '
+                f'{groups.attrs(group)} data-window="{_iso(start)}" data-value="{_attr(share)}" '
+                f'data-jobs="{row["jobs"]}"><title>{escape(tip)}</title></rect>'
+            )
+            level += share
+    out.append("</svg>")
+    return "".join(out) + groups.legend()
+
+
+def _fairness_chart(page: dict[str, Any]) -> str:
+    axis: list[int] = page["axis_us"]
+    cw = int(page["chart_window_us"])
+    frame = _Frame(axis[0], axis[-1] + cw, height=240)
+    rows = {r["chart_us"]: r for r in page["fairness"]}
+
+    def y(value: float) -> float:
+        return TOP + (1 - value) * frame.plot_h
+
+    out = frame.open("Jain's fairness index per window")
+    for start in axis:  # shade windows with starvation incidents first, behind everything
+        row = rows.get(start)
+        if row is not None and row["starvation_incidents"]:
+            x0, x1 = frame.x(start), frame.x(start + cw)
+            tip = f"{fmt_time(_when(start))}: {row['starvation_incidents']} starvation incident(s)"
+            out.append(
+                f'<rect class="starved" x="{x0:.2f}" y="{TOP}" width="{max(0.5, x1 - x0):.2f}" '
+                f'height="{frame.plot_h}" data-window="{_iso(start)}" '
+                f'data-incidents="{row["starvation_incidents"]}"><title>{escape(tip)}</title></rect>'
+            )
+    out += frame.y_grid([(y(v / 4), f"{v / 4:.2f}") for v in range(5)], "Jain's index")
+    out += frame.time_axis()
+    points: list[tuple[float, float] | None] = []
+    dots = []
+    radius = 3 if len(axis) <= 60 else 2 if len(axis) <= 120 else 1.2
+    for start in axis:
+        row = rows.get(start)
+        if row is None or row["jain_index"] is None:
+            points.append(None)
+            continue
+        value = row["jain_index"]
+        point = (frame.x(start + cw / 2), y(float(value)))
+        points.append(point)
+        top = row["top_channel"]
+        tip = (
+            f"{fmt_time(_when(start))}\nJain's index {float(value):.3f} across {row['active_channels']} "
+            f"channel(s); busiest: {top} ({fmt_rate(row['top_share'])} of the jobs)"
+        )
+        dots.append(
+            f'<circle cx="{point[0]:.1f}" cy="{point[1]:.1f}" r="{radius}" fill="#1f3b57" data-series="jain_index" '
+            f'data-window="{_iso(start)}" data-value="{_attr(float(value))}" '
+            f'data-active-channels="{row["active_channels"]}"><title>{escape(tip)}</title></circle>'
+        )
+    out.append(f'<path d="{_path(points)}" fill="none" stroke="#1f3b57" stroke-width="2" stroke-linejoin="round"/>')
+    out += dots
+    out.append("</svg>")
+    legend = (
+        '<ul class="legend"><li><span class="swatch" style="background:#1f3b57"></span>Jain\'s index of the '
+        "channels' throughput (1 = equal shares; 1/n = one of n channels got everything)</li>"
+        '<li><span class="swatch starved-swatch"></span>window with starvation incidents</li></ul>'
+    )
+    return "".join(out) + legend
+
+
+# -- tables ---------------------------------------------------------------------------------------------
+
+
+def _cell(column: str, value: Any, text: str, *, bad: bool = False) -> str:
+    cls = ' class="bad"' if bad else ""
+    return f'<td data-col="{column}" data-value="{_attr(value)}"{cls}>{escape(text)}</td>'
+
+
+def _name_cell(name: str, color: str | None) -> str:
+    swatch = f'<span class="swatch" style="background:{color}"></span>' if color else ""
+    return f'<td class="name" title="{escape(name, quote=True)}">{swatch}{escape(name)}</td>'
+
+
+def _channels_table(page: dict[str, Any], groups: _Groups) -> str:
+    threshold = float(page["threshold_seconds"])
+    head = (
+        "<tr><th>Channel</th><th>Jobs</th><th>Share</th><th>Throughput</th><th>Wait p50</th><th>Wait p95</th>"
+        "<th>Wait p99</th><th>Longest wait</th><th>Run p50</th><th>Run p95</th><th>Failure rate</th>"
+        "<th>Retry rate</th><th>Starvation incidents</th></tr>"
+    )
+    body = []
+    for r in page["channels"]:
+        name = r["channel"]
+        color = groups.color.get(name, OTHER_COLOR)
+        cells = [
+            _name_cell(name, color),
+            _cell("jobs", r["jobs"], fmt_number(r["jobs"])),
+            _cell("share_of_jobs", r["share_of_jobs"], fmt_rate(r["share_of_jobs"])),
+            _cell("throughput_per_s", r["throughput_per_s"], fmt_throughput(r["throughput_per_s"])),
+        ]
+        for col in ("wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s"):
+            value = r[col]
+            cells.append(_cell(col, value, fmt_duration(value), bad=value is not None and value > threshold))
+        cells += [
+            _cell("run_p50_s", r["run_p50_s"], fmt_duration(r["run_p50_s"])),
+            _cell("run_p95_s", r["run_p95_s"], fmt_duration(r["run_p95_s"])),
+            _cell("failure_rate", r["failure_rate"], fmt_rate(r["failure_rate"]), bad=(r["failure_rate"] or 0) > 0.05),
+            _cell("retry_rate", r["retry_rate"], fmt_rate(r["retry_rate"]), bad=(r["retry_rate"] or 0) > 0.1),
+            _cell(
+                "starvation_incidents",
+                r["starvation_incidents"],
+                fmt_number(r["starvation_incidents"]),
+                bad=r["starvation_incidents"] > 0,
+            ),
+        ]
+        body.append(f'<tr data-channel="{_attr(name)}">{"".join(cells)}</tr>')
+    return f'<table id="channels"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _kinds_table(page: dict[str, Any]) -> str:
+    head = (
+        "<tr><th>Kind</th><th>Jobs</th><th>Share</th><th>Wait p95</th><th>Run p50</th><th>Run p95</th>"
+        "<th>Failure rate</th><th>Retry rate</th></tr>"
+    )
+    body = []
+    for r in page["kinds"]:
+        cells = [
+            _name_cell(r["kind"], None),
+            _cell("jobs", r["jobs"], fmt_number(r["jobs"])),
+            _cell("share_of_jobs", r["share_of_jobs"], fmt_rate(r["share_of_jobs"])),
+            _cell("wait_p95_s", r["wait_p95_s"], fmt_duration(r["wait_p95_s"])),
+            _cell("run_p50_s", r["run_p50_s"], fmt_duration(r["run_p50_s"])),
+            _cell("run_p95_s", r["run_p95_s"], fmt_duration(r["run_p95_s"])),
+            _cell("failure_rate", r["failure_rate"], fmt_rate(r["failure_rate"]), bad=(r["failure_rate"] or 0) > 0.05),
+            _cell("retry_rate", r["retry_rate"], fmt_rate(r["retry_rate"]), bad=(r["retry_rate"] or 0) > 0.1),
+        ]
+        body.append(f'<tr data-kind="{_attr(r["kind"])}">{"".join(cells)}</tr>')
+    return f'<table id="kinds"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _starvation_table(page: dict[str, Any], groups: _Groups) -> str:
+    head = (
+        '<tr><th>Wait</th><th class="l">Channel</th><th>Job</th><th>Attempt</th><th class="l">Kind</th>'
+        '<th>Waiting since</th><th>Started</th><th>Other channels served meanwhile</th><th class="l">Outcome</th></tr>'
+    )
+    body = []
+    for r in page["starvation"]:
+        color = groups.color.get(r["channel"], OTHER_COLOR)
+        cells = [
+            _cell("wait_s", r["wait_s"], fmt_duration(r["wait_s"]), bad=True),
+            _name_cell(r["channel"], color),
+            _cell("job_id", r["job_id"], str(r["job_id"])),
+            _cell("attempt", r["attempt"], str(r["attempt"])),
+            f'<td class="l">{escape(r["kind"])}</td>',
+            _cell("waiting_since", _iso(r["waiting_since"]), fmt_time(_when(r["waiting_since"]))),
+            _cell("started_at", _iso(r["started_at"]), fmt_time(_when(r["started_at"]))),
+            _cell("other_channels_served", r["other_channels_served"], str(r["other_channels_served"])),
+            f'<td class="l">{escape(r["outcome"])}</td>',
+        ]
+        body.append(
+            f'<tr data-channel="{_attr(r["channel"])}" data-job-id="{r["job_id"]}" data-attempt="{r["attempt"]}">'
+            f"{''.join(cells)}</tr>"
+        )
+    return f'<table id="starvation"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+# -- the page -------------------------------------------------------------------------------------------
+
+
+def _kpi(key: str, value: Any, text: str, caption: str, *, bad: bool = False) -> str:
+    cls = "kpi bad" if bad else "kpi"
+    return (
+        f'<div class="{cls}" data-kpi="{key}" data-value="{_attr(value)}"><div class="value">{escape(text)}</div>'
+        f'<div class="caption">{escape(caption)}</div></div>'
+    )
+
+
+def _findings(page: dict[str, Any]) -> list[str]:
+    s = page["summary"]
+    found = []
+    slow = [r for r in page["channels"] if r["wait_p95_s"] is not None]
+    if slow and len(page["channels"]) > 1:
+        worst = slow[0]
+        found.append(
+            f"Slowest channel: <b>{escape(worst['channel'])}</b>, p95 queue wait "
+            f"<b>{fmt_duration(worst['wait_p95_s'])}</b> (all channels: {fmt_duration(s['wait_p95_s'])})."
+        )
+    fair = [r for r in page["fairness"] if r["jain_index"] is not None and r["active_channels"] > 1]
+    if fair:
+        least = min(fair, key=lambda r: (r["jain_index"], r["chart_us"]))
+        found.append(
+            f"Least fair window: {fmt_time(_when(least['chart_us']))}, Jain's index "
+            f"<b>{float(least['jain_index']):.2f}</b> across {least['active_channels']} channels; "
+            f"<b>{escape(str(least['top_channel']))}</b> finished {fmt_rate(least['top_share'])} of the jobs."
+        )
+    failing = [r for r in page["channels"] if r["failure_rate"]]
+    if failing:
+        worst = max(failing, key=lambda r: (r["failure_rate"], r["jobs"]))
+        found.append(
+            f"Most failures: <b>{escape(worst['channel'])}</b>, {fmt_rate(worst['failure_rate'])} of its jobs failed "
+            f"and {fmt_rate(worst['retry_rate'])} needed more than one attempt."
+        )
+    if page["starvation"]:
+        top = page["starvation"][0]
+        found.append(
+            f"Starvation: {s['starvation_incidents']:,} incident(s) in {s['starved_channels']} channel(s); the worst, "
+            f"job {top['job_id']} of <b>{escape(top['channel'])}</b>, waited <b>{fmt_duration(top['wait_s'])}</b> "
+            f"while {top['other_channels_served']} other channel(s) were served."
+        )
+    else:
+        found.append(
+            f"No starvation: no attempt waited over {fmt_duration(page['threshold_seconds'])} while other "
+            "channels were served."
+        )
+    return found
+
+
+_CSS = """
+:root{--ink:#1d2733;--muted:#5f6b7a;--line:#e3e7ec;--bad:#c0392b;--bg:#f6f8fa}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
+ color:var(--ink);background:var(--bg)}
+main{max-width:1180px;margin:0 auto;padding:24px 20px 48px}
+h1{font-size:24px;margin:0 0 4px}
+h2{font-size:18px;margin:0 0 2px}
+.sub,.note{color:var(--muted);margin:0 0 12px}
+.note{font-size:13px}
+section{background:#fff;border:1px solid var(--line);border-radius:8px;padding:16px 18px;margin:16px 0}
+.kpis{display:grid;grid-template-columns:repeat(auto-fill,minmax(180px,1fr));gap:10px;margin:16px 0}
+.kpi{background:#fff;border:1px solid var(--line);border-radius:8px;padding:10px 12px}
+.kpi .value{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
+.kpi .caption{color:var(--muted);font-size:12px}
+.kpi.bad .value{color:var(--bad)}
+ul.findings{margin:6px 0 0;padding-left:20px}
+ul.findings li{margin:3px 0}
+svg{width:100%;height:auto;display:block;font-size:11px}
+svg text{fill:var(--muted)}
+.axis{stroke:#9aa4b1}.tick{stroke:#9aa4b1}.grid{stroke:var(--line)}
+.xlabel{text-anchor:middle}.ylabel{text-anchor:end}.unit{text-anchor:end;font-style:italic}
+.yunit{text-anchor:start;font-style:italic}
+.threshold{stroke:var(--bad);stroke-width:1.4;stroke-dasharray:2 3}
+.threshold-label{fill:var(--bad);text-anchor:end}
+rect.starved{fill:#fbe3e0;shape-rendering:crispEdges}
+ul.legend{list-style:none;padding:0;margin:8px 0 0;display:flex;flex-wrap:wrap;gap:6px 16px;font-size:13px}
+ul.legend li{display:flex;align-items:center;gap:6px;white-space:nowrap}
+.swatch{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px;vertical-align:-1px;
+ flex:none}
+ul.legend .swatch{margin-right:0}
+.starved-swatch{background:#fbe3e0;border:1px solid #f0b8b0}
+table{border-collapse:collapse;width:100%;font-size:13px;font-variant-numeric:tabular-nums}
+th,td{padding:5px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap}
+th{color:var(--muted);font-weight:600;background:#fafbfc;white-space:normal;vertical-align:bottom}
+th:first-child,td.name,th.l,td.l{text-align:left}
+td.name{max-width:260px;overflow:hidden;text-overflow:ellipsis}
+td.bad{color:var(--bad);font-weight:600}
+.scroll{overflow-x:auto}
+dl{margin:0}dt{font-weight:600;margin-top:8px}dd{margin:0 0 0 0;color:var(--muted)}
+footer{color:var(--muted);font-size:12px;text-align:center}
+"""
+
+
+def render_html(page: dict[str, Any]) -> str:
+    """The report page for the data :func:`fairqueue.spark.report.build_report` collected."""
+    s = page["summary"]
+    groups = _Groups(page["groups"], page["other_channels"])
+    threshold = float(page["threshold_seconds"])
+    window = fmt_duration(page["window_seconds"])
+    chart_window = fmt_duration(page["chart_window_seconds"])
+    sources = escape(page["source"]) + (
+        f" + live table of {escape(page['live_database'])}" if page.get("live_database") else ""
+    )
+    kpis = [
+        _kpi("jobs", s["jobs"], fmt_number(s["jobs"]), f"jobs finished · {fmt_number(s['attempts'])} attempts"),
+        _kpi("throughput_per_s", s["throughput_per_s"], fmt_throughput(s["throughput_per_s"]), "average throughput"),
+        _kpi("wait_p50_s", s["wait_p50_s"], fmt_duration(s["wait_p50_s"]), "queue wait p50"),
+        _kpi(
+            "wait_p95_s",
+            s["wait_p95_s"],
+            fmt_duration(s["wait_p95_s"]),
+            "queue wait p95",
+            bad=(s["wait_p95_s"] or 0) > threshold,
+        ),
+        _kpi(
+            "wait_p99_s",
+            s["wait_p99_s"],
+            fmt_duration(s["wait_p99_s"]),
+            "queue wait p99",
+            bad=(s["wait_p99_s"] or 0) > threshold,
+        ),
+        _kpi(
+            "run_p95_s",
+            s["run_p95_s"],
+            fmt_duration(s["run_p95_s"]),
+            f"run time p95 · p50 {fmt_duration(s['run_p50_s'])}",
+        ),
+        _kpi(
+            "failure_rate",
+            s["failure_rate"],
+            fmt_rate(s["failure_rate"]),
+            "of the jobs failed",
+            bad=(s["failure_rate"] or 0) > 0.05,
+        ),
+        _kpi("retry_rate", s["retry_rate"], fmt_rate(s["retry_rate"]), "of the jobs needed a retry"),
+        _kpi(
+            "jain_mean",
+            s["jain_mean"],
+            fmt_number(s["jain_mean"], 3),
+            f"fairness (Jain), mean per window · min {fmt_number(s['jain_min'], 3)}",
+        ),
+        _kpi(
+            "starvation_incidents",
+            s["starvation_incidents"],
+            fmt_number(s["starvation_incidents"]),
+            f"starvation incidents in {s['starved_channels']} channel(s)",
+            bad=s["starvation_incidents"] > 0,
+        ),
+    ]
+    coarser = (
+        f" The charts use {chart_window} windows (the tables use {window}) to stay readable."
+        if page["chart_window_seconds"] != page["window_seconds"]
+        else ""
+    )
+    many = (
+        f" Channels beyond the {len([g for g in groups.order if g is not None])} busiest and slowest are drawn "
+        "together as &quot;other&quot;."
+        if page["other_channels"]
+        else ""
+    )
+    period = f"{fmt_time(s['period_start'])} \u2013 {fmt_time(s['period_end'])}"
+    shown_channels = len(page["channels"])
+    shown_incidents = len(page["starvation"])
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>fairqueue report {escape(period)}</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        "<h1>fairqueue: fairness and SLA report</h1>",
+        f'<p class="sub">{escape(period)} · '
+        f"{s['channels']} channels · {s['kinds']} kinds · {window} windows · from {sources}</p>",
+        f'<div class="kpis">{"".join(kpis)}</div>',
+        '<section><h2>Findings</h2><ul class="findings">'
+        + "".join(f"<li>{f}</li>" for f in _findings(page))
+        + "</ul></section>",
+        '<section id="wait-chart"><h2>Queue wait per channel</h2>'
+        f'<p class="note">Time from ready to started, p50 and p95 of the attempts that started in each window; '
+        f"log scale.{coarser}{many}</p>" + _wait_chart(page, groups) + "</section>",
+        '<section id="share-chart"><h2>Share of throughput per channel</h2>'
+        '<p class="note">Jobs finished (final attempts) per channel as a share of each window&#39;s total.</p>'
+        + _share_chart(page, groups)
+        + "</section>",
+        '<section id="fairness-chart"><h2>Fairness over time</h2>'
+        "<p class=\"note\">Jain's index of the channels' throughput among the channels with attempts in the "
+        "window. A window with one active channel scores 1.</p>" + _fairness_chart(page) + "</section>",
+        '<section><h2>Channels, slowest first</h2><p class="note">'
+        + (
+            f"The {shown_channels} channels with the longest p95 queue wait of {s['channels']}."
+            if shown_channels < s["channels"]
+            else "Every channel, by p95 queue wait."
+        )
+        + f" Red: waits over the starvation threshold ({fmt_duration(threshold)}), failure rate over 5%, "
+        "retry rate over 10%.</p>"
+        f'<div class="scroll">{_channels_table(page, groups)}</div></section>',
+        f'<section><h2>Starvation incidents</h2><p class="note">Attempts that waited over {fmt_duration(threshold)} '
+        "while at least one other channel had an attempt start. "
+        + (
+            f"The {shown_incidents} longest of {s['starvation_incidents']:,}."
+            if shown_incidents < s["starvation_incidents"]
+            else f"All {s['starvation_incidents']:,}."
+        )
+        + "</p>"
+        + (f'<div class="scroll">{_starvation_table(page, groups)}</div>' if page["starvation"] else "<p>None.</p>")
+        + "</section>",
+        '<section><h2>Kinds</h2><p class="note">'
+        + (
+            f"The {len(page['kinds'])} busiest of {page['kinds_total']} kinds."
+            if len(page["kinds"]) < page["kinds_total"]
+            else "Every kind, busiest first."
+        )
+        + f'</p><div class="scroll">{_kinds_table(page)}</div></section>',
+        "<section><h2>How these numbers are computed</h2><dl>"
+        "<dt>Window</dt><dd>Each attempt counts in the window of its start (of its finish if it never started). "
+        "Windows are aligned to the Unix epoch, in UTC.</dd>"
+        "<dt>Jobs, throughput</dt><dd>Jobs are final attempts; throughput is jobs per second of the window.</dd>"
+        "<dt>Queue wait, run time</dt><dd>started \u2212 ready (enqueue time if not recorded), and "
+        "finished \u2212 started, "
+        "over attempts that started; exact percentiles with linear interpolation (PostgreSQL's "
+        "percentile_cont).</dd>"
+        "<dt>Failure rate, retry rate</dt><dd>Final attempts not succeeded, and final attempts numbered above 1, "
+        "per job.</dd>"
+        "<dt>Jain's index</dt><dd>(Σx)² / (n·Σx²) over the throughput x of the n channels active in a window.</dd>"
+        "<dt>Starvation incident</dt><dd>An attempt that waited longer than the threshold while another channel "
+        "had an attempt start.</dd></dl></section>",
+        f"<footer>Generated {escape(fmt_time(page['generated_at']))} by fairqueue report · tables in parquet/ "
+        "and csv/ next to this file</footer>",
+        "</main></body></html>",
+    ]
+    return "\n".join(parts) + "\n"

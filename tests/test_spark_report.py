@@ -1,0 +1,886 @@
+"""``fairqueue report``: every figure checked against the same figure computed independently in SQL.
+
+One history (several channels over three days: a busy one, a starved slow one, a flaky one with failures
+and retries, one with a name full of HTML) is generated once into ``public.report_history`` and archived
+once; the expected figures are PostgreSQL's (percentile_cont, counts, Jain's index, the starvation rule
+as a plain self-join) over that table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from fairqueue.cli import main
+from fairqueue.spark.report import ReportError, build_report, parse_duration, parse_when, write_report
+from fairqueue.spark.report_html import render_html
+from fairqueue.urls import database_name, with_database
+
+pytestmark = pytest.mark.spark
+
+BASE = datetime(2024, 3, 4, tzinfo=UTC)  # three days of history from here
+EVIL = '<b>acme & "co"</b><script>alert(1)</script>'
+EVIL_KIND = "<img src=x onerror=alert(2)>"
+THRESHOLD = 30.0
+HISTORY = "public.report_history"
+TENANTS = [f"tenant-{i:02d}" for i in range(1, 9)]
+
+
+# -- the history ----------------------------------------------------------------------------------------
+
+
+def _history_rows(seed: int = 7) -> list[tuple[Any, ...]]:
+    """Attempts as completed_job rows: (job_id, attempt, outcome, final, kind, channel, enqueued_at, ready_at,
+    started_at, finished_at)."""
+    rng = random.Random(seed)
+    rows: list[tuple[Any, ...]] = []
+    next_id = iter(range(1, 1_000_000))
+
+    def at(seconds: float) -> datetime:
+        return BASE + timedelta(microseconds=round(seconds * 1e6))
+
+    def job(
+        channel: str,
+        kind: str,
+        enqueued: float,
+        waits: list[float],
+        runs: list[float],
+        outcomes: list[str],
+        *,
+        ready_null: bool = False,
+        never_started: bool = False,
+    ) -> None:
+        job_id = next(next_id)
+        ready = enqueued
+        for attempt, (wait, run, outcome) in enumerate(zip(waits, runs, outcomes, strict=True), start=1):
+            final = attempt == len(waits)
+            if never_started:
+                rows.append(
+                    (job_id, attempt, outcome, final, kind, channel, at(enqueued), at(ready), None, at(ready + wait))
+                )
+                return
+            started = ready + wait
+            finished = started + run
+            rows.append(
+                (
+                    job_id,
+                    attempt,
+                    outcome,
+                    final,
+                    kind,
+                    channel,
+                    at(enqueued),
+                    None if ready_null and attempt == 1 else at(ready),
+                    at(started),
+                    at(finished),
+                )
+            )
+            ready = finished + 5.0  # retry backoff
+
+    day = 86400.0
+    kinds = ("email.send", "report.build", "image.resize")
+    for _ in range(600):  # busy and quick
+        job(
+            "alpha",
+            rng.choice(kinds),
+            rng.uniform(0, 3 * day),
+            [rng.uniform(0.01, 3)],
+            [rng.uniform(0.05, 2)],
+            ["succeeded"],
+            ready_null=rng.random() < 0.1,
+        )
+    for _ in range(200):  # some cancelled before they ran
+        if rng.random() < 0.05:
+            job(
+                "beta",
+                "email.send",
+                rng.uniform(0, 3 * day),
+                [rng.uniform(1, 60)],
+                [0],
+                ["cancelled"],
+                never_started=True,
+            )
+        else:
+            job(
+                "beta",
+                rng.choice(kinds),
+                rng.uniform(0, 3 * day),
+                [rng.uniform(0.1, 10)],
+                [rng.uniform(0.1, 5)],
+                ["succeeded"],
+            )
+    for _ in range(150):  # failures and retries
+        outcomes: list[str] = []
+        while len(outcomes) < 3:
+            failed = rng.random() < 0.4
+            outcomes.append(rng.choice(["failed", "timed_out"]) if failed else "succeeded")
+            if not failed:
+                break
+        n = len(outcomes)
+        job(
+            "flaky",
+            "report.build",
+            rng.uniform(0, 3 * day),
+            [rng.uniform(0.05, 5) for _ in range(n)],
+            [rng.uniform(0.5, 20) for _ in range(n)],
+            outcomes,
+        )
+    for _ in range(60):  # starved: days two and three only, long waits
+        job(
+            "slow",
+            rng.choice(kinds),
+            rng.uniform(day, 3 * day),
+            [rng.uniform(20, 400)],
+            [rng.uniform(1, 3)],
+            ["succeeded"],
+        )
+    for _ in range(40):
+        job(
+            EVIL,
+            rng.choice([*kinds, EVIL_KIND]),
+            rng.uniform(0, 3 * day),
+            [rng.uniform(0.01, 1)],
+            [rng.uniform(0.01, 1)],
+            ["succeeded"],
+        )
+    for tenant in range(1, 9):  # small tenants: more channels than the charts name, so some are "other"
+        for _ in range(4):
+            job(
+                f"tenant-{tenant:02d}",
+                "email.send",
+                rng.uniform(0, 3 * day),
+                [rng.uniform(0.01, 20)],
+                [rng.uniform(0.1, 1)],
+                ["succeeded"],
+            )
+    # the edges of the starvation rule: ready at T, started at T + 60 s; alpha starts exactly at T (counts),
+    # beta exactly at T + 60 s (does not)
+    t = 1.5 * day + 0.123456
+    job("slow", "email.send", t, [60.0], [1.0], ["succeeded"])
+    job("alpha", "email.send", t - 1.0, [1.0], [0.5], ["succeeded"])
+    job("beta", "email.send", t + 50.0, [10.0], [0.5], ["succeeded"])
+    # in the first, clipped, window of the since/until test
+    job("alpha", "email.send", day + 3 * 3600 + 199.0, [1.0], [0.2], ["succeeded"])
+    # a three-hour wait: spans more than 64 threshold buckets, so the coarse buckets are used
+    job("slow", "report.build", 2 * day + 100.0, [3 * 3600.0], [2.0], ["succeeded"])
+    return rows
+
+
+def _tcp(url: str, tcp_server_url: str) -> str:
+    return with_database(tcp_server_url, database_name(url))
+
+
+@pytest.fixture(scope="module")
+def history(migrated_url: str) -> Iterator[str]:
+    """``public.report_history``: the generated history, shaped like fairqueue.completed_job."""
+    with psycopg.connect(migrated_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {HISTORY}")
+        conn.execute(f"CREATE TABLE {HISTORY} (LIKE fairqueue.completed_job)")
+        with conn.cursor().copy(
+            f"COPY {HISTORY} (job_id, attempt, outcome, final, kind, channel, enqueued_at, ready_at, started_at, "
+            "finished_at) FROM STDIN"
+        ) as copy:
+            for row in _history_rows():
+                copy.write_row(row)
+        conn.execute(f"UPDATE {HISTORY} SET worker_id = 1, args = '{{}}'::jsonb WHERE final")
+        conn.execute(f"ANALYZE {HISTORY}")
+    yield migrated_url
+    with psycopg.connect(migrated_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {HISTORY}")
+
+
+def make_archive(spark: Any, url: str, tcp_server_url: str, root: Path, where: str = "true") -> Path:
+    """The archive of the history rows matching ``where``, written by the real ``fairqueue archive``: the rows
+    go into their daily partitions of fairqueue.completed_job, which are then archived (and dropped)."""
+    from fairqueue.spark.archive import archive_history
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+        (first, days) = conn.execute(
+            f"SELECT min(finished_at AT TIME ZONE 'UTC')::date, max(finished_at AT TIME ZONE 'UTC')::date "
+            f"- min(finished_at AT TIME ZONE 'UTC')::date FROM {HISTORY}"
+        ).fetchone() or (None, 0)
+        conn.execute("SELECT fairqueue.ensure_completed_partitions(%s, %s)", (days, first))
+        conn.execute(f"INSERT INTO fairqueue.completed_job SELECT * FROM {HISTORY} WHERE {where}")
+        expected = conn.execute("SELECT count(*) FROM fairqueue.completed_job").fetchone()
+    result = archive_history(_tcp(url, tcp_server_url), older_than="1d", to=str(root), spark=spark)
+    assert (result.rows,) == expected
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM fairqueue.completed_job").fetchone() == (0,)
+    return root
+
+
+@pytest.fixture(scope="module")
+def archive(spark: Any, history: str, tcp_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_archive(spark, history, tcp_server_url, tmp_path_factory.mktemp("archive") / "history")
+
+
+# -- the expected figures, in SQL -----------------------------------------------------------------------
+
+_ATTEMPTS = f"""
+    WITH a AS (
+        SELECT h.*, coalesce(started_at, finished_at) AS ev,
+               extract(epoch FROM started_at - coalesce(ready_at, enqueued_at))::float8 AS wait_s,
+               extract(epoch FROM finished_at - started_at)::float8 AS run_s
+        FROM {HISTORY} h
+        WHERE coalesce(started_at, finished_at) >= %(since)s AND coalesce(started_at, finished_at) < %(until)s
+    ), w AS (
+        SELECT a.*, to_timestamp(floor(extract(epoch FROM ev) / %(w)s) * %(w)s) AS window_start FROM a
+    )
+"""
+_FIGURES = """
+    count(*) FILTER (WHERE final) AS jobs, count(*) AS attempts, count(started_at) AS started,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s) AS wait_p50_s,
+    percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s) AS wait_p95_s,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY wait_s) AS wait_p99_s,
+    max(wait_s) AS wait_max_s,
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY run_s) AS run_p50_s,
+    percentile_cont(0.95) WITHIN GROUP (ORDER BY run_s) AS run_p95_s,
+    count(*) FILTER (WHERE final AND outcome <> 'succeeded') AS failed_jobs,
+    count(*) FILTER (WHERE final AND attempt > 1) AS retried_jobs
+"""
+
+
+def _params(since: datetime | None, until: datetime | None, window: float) -> dict[str, Any]:
+    return {"since": since or "-infinity", "until": until or "infinity", "w": window}
+
+
+def _query(url: str, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        return list(cur.execute(sql, params).fetchall())
+
+
+def _rates(row: dict[str, Any], duration: float) -> dict[str, Any]:
+    jobs = row["jobs"]
+    row["throughput_per_s"] = jobs / duration
+    row["failure_rate"] = row["failed_jobs"] / jobs if jobs else None
+    row["retry_rate"] = row["retried_jobs"] / jobs if jobs else None
+    return row
+
+
+def expected_channel_windows(
+    url: str, *, window: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[tuple[int, str], dict[str, Any]]:
+    sql = (
+        _ATTEMPTS
+        + f"""SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, channel,
+                  extract(epoch FROM least(window_start + make_interval(secs => %(w)s), %(until)s::timestamptz)
+                                 - greatest(window_start, %(since)s::timestamptz))::float8 AS duration, {_FIGURES}
+            FROM w GROUP BY window_start, channel"""
+    )
+    rows = _query(url, sql, _params(since, until, window))
+    totals: dict[int, int] = {}
+    for r in rows:
+        totals[r["window_us"]] = totals.get(r["window_us"], 0) + r["jobs"]
+    out = {}
+    for r in rows:
+        _rates(r, r.pop("duration"))
+        r["share_of_jobs"] = r["jobs"] / totals[r["window_us"]] if totals[r["window_us"]] else None
+        out[(r["window_us"], r["channel"])] = r
+    return out
+
+
+def chart_channels(totals: dict[str, dict[str, Any]]) -> list[str]:
+    """The channels the charts name: the six busiest, the three slowest by p95 wait, then the busiest."""
+    busiest = sorted(totals, key=lambda c: (-totals[c]["jobs"], c))
+    if len(busiest) <= 10:
+        return busiest
+    slowest = sorted(
+        (c for c in totals if totals[c]["wait_p95_s"] is not None), key=lambda c: (-totals[c]["wait_p95_s"], c)
+    )[:3]
+    named = busiest[:6]
+    named += [c for c in slowest if c not in named]
+    named += [c for c in busiest if c not in named][: 9 - len(named)]
+    return named
+
+
+def expected_other(
+    url: str, named: list[str], *, window: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[int, dict[str, Any]]:
+    """The figures of the channels the charts do not name, together, per window."""
+    sql = (
+        _ATTEMPTS
+        + f""", grouped AS (SELECT *, channel = ANY(%(named)s) AS is_named FROM w)
+            SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, is_named, {_FIGURES},
+                   sum(count(*) FILTER (WHERE final)) OVER (PARTITION BY window_start) AS window_jobs,
+                   extract(epoch FROM least(window_start + make_interval(secs => %(w)s), %(until)s::timestamptz)
+                                  - greatest(window_start, %(since)s::timestamptz))::float8 AS duration
+            FROM grouped GROUP BY window_start, is_named"""
+    )
+    rows = _query(url, sql, {**_params(since, until, window), "named": named})
+    return {
+        r["window_us"]: {
+            **_rates(r, r["duration"]),
+            "share_of_jobs": r["jobs"] / r["window_jobs"] if r["window_jobs"] else None,
+        }
+        for r in rows
+        if not r["is_named"]
+    }
+
+
+def expected_totals(
+    url: str, key: str, *, period: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[str, dict[str, Any]]:
+    rows = _query(url, _ATTEMPTS + f"SELECT {key}, {_FIGURES} FROM w GROUP BY {key}", _params(since, until, 3600))
+    return {r[key]: _rates(r, period) for r in rows}
+
+
+def expected_overall(
+    url: str, *, period: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[str, Any]:
+    (row,) = _query(url, _ATTEMPTS + f"SELECT {_FIGURES} FROM w", _params(since, until, 3600))
+    return _rates(row, period)
+
+
+def expected_jain(
+    url: str, *, window: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[int, dict[str, Any]]:
+    sql = (
+        _ATTEMPTS
+        + """, per_channel AS (
+            SELECT window_start, channel, count(*) FILTER (WHERE final)
+                   / extract(epoch FROM least(window_start + make_interval(secs => %(w)s), %(until)s::timestamptz)
+                                        - greatest(window_start, %(since)s::timestamptz))::float8 AS x
+            FROM w GROUP BY window_start, channel)
+        SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, count(*) AS active_channels,
+               CASE WHEN sum(x * x) > 0 THEN power(sum(x), 2) / (count(*) * sum(x * x)) END AS jain_index
+        FROM per_channel GROUP BY window_start"""
+    )
+    return {r["window_us"]: r for r in _query(url, sql, _params(since, until, window))}
+
+
+def expected_starvation(
+    url: str, *, threshold: float, since: datetime | None = None, until: datetime | None = None
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """The rule as written: a plain self-join of the started attempts."""
+    sql = (
+        _ATTEMPTS
+        + """SELECT c.job_id, c.attempt, c.channel, c.wait_s, count(DISTINCT o.channel) AS other_channels_served
+        FROM w c
+        JOIN w o ON o.channel <> c.channel AND o.started_at >= coalesce(c.ready_at, c.enqueued_at)
+                AND o.started_at < c.started_at
+        WHERE c.started_at - coalesce(c.ready_at, c.enqueued_at) > make_interval(secs => %(threshold)s)
+        GROUP BY c.job_id, c.attempt, c.outcome, c.finished_at, c.channel, c.wait_s"""
+    )
+    params = {**_params(since, until, 3600), "threshold": threshold}
+    return {(r["job_id"], r["attempt"]): r for r in _query(url, sql, params)}
+
+
+# -- comparing ------------------------------------------------------------------------------------------
+
+
+def close(actual: Any, expected: Any) -> bool:
+    if actual is None or expected is None:
+        return actual is None and expected is None
+    if isinstance(expected, int) and isinstance(actual, int):
+        return actual == expected
+    return math.isclose(float(actual), float(expected), rel_tol=1e-9, abs_tol=1e-9)
+
+
+def assert_figures(actual: dict[str, Any], expected: dict[str, Any], names: list[str], where: object) -> None:
+    wrong = {n: (actual[n], expected[n]) for n in names if not close(actual[n], expected[n])}
+    assert not wrong, f"{where}: {wrong}"
+
+
+FIGURES = [
+    "jobs",
+    "attempts",
+    "started",
+    "throughput_per_s",
+    "wait_p50_s",
+    "wait_p95_s",
+    "wait_p99_s",
+    "wait_max_s",
+    "run_p50_s",
+    "run_p95_s",
+    "failed_jobs",
+    "failure_rate",
+    "retried_jobs",
+    "retry_rate",
+]
+
+
+def read_table(spark: Any, out: Path, name: str) -> list[dict[str, Any]]:
+    """A written table, with its timestamps as Unix microseconds."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.parquet(str(out / "parquet" / name))
+    stamps = [f.name for f in df.schema.fields if f.dataType.typeName() == "timestamp"]
+    return [
+        r.asDict() for r in df.select(*(F.unix_micros(c).alias(c) if c in stamps else c for c in df.columns)).collect()
+    ]
+
+
+class Page(HTMLParser):
+    """The elements of a report page that carry data attributes, with their text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.elements: list[dict[str, Any]] = []
+        self._open: list[dict[str, Any]] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element: dict[str, Any] = {"tag": tag, **dict(attrs), "text": "", "children": []}
+        if any(k.startswith("data-") for k, _ in attrs):
+            self.elements.append(element)
+            if self._open:
+                self._open[-1]["children"].append(element)
+        if tag not in {"meta", "br", "line", "path"}:
+            self._open.append(element)
+
+    def handle_endtag(self, tag: str) -> None:
+        while self._open:
+            if self._open.pop()["tag"] == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for element in self._open:
+            element["text"] += data
+
+    def find(self, **attrs: str) -> list[dict[str, Any]]:
+        return [e for e in self.elements if all(e.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+
+
+def _value(text: str | None) -> Any:
+    assert text is not None
+    if text in ("", "None"):
+        return None
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def _us(iso: str) -> int:
+    when = datetime.fromisoformat(iso)
+    return round((when - datetime(1970, 1, 1, tzinfo=UTC)) / timedelta(microseconds=1))
+
+
+# -- the tests ------------------------------------------------------------------------------------------
+
+
+def test_report_figures_tables_and_page_match_sql(spark: Any, archive: Path, history: str, tmp_path: Path) -> None:
+    window = 6 * 3600.0
+    report = build_report(spark, source=str(archive), window="6h", starvation_threshold="30s")
+    try:
+        written = write_report(report, str(tmp_path / "out"))
+    finally:
+        report.close()
+    out = tmp_path / "out"
+    period = 3 * 86400.0  # the windows with attempts: exactly the three days
+
+    # channel x window
+    expected = expected_channel_windows(history, window=window)
+    rows = read_table(spark, out, "channel_windows")
+    assert len(rows) == len(expected)
+    for row in rows:
+        key = (row["window_start"], row["channel"])
+        assert row["window_end"] - row["window_start"] == window * 1e6
+        assert_figures(row, expected[key], [*FIGURES, "share_of_jobs"], key)
+    assert {r["channel"] for r in rows} == {"alpha", "beta", "flaky", "slow", EVIL, *TENANTS}
+
+    # kind x window: same figures, checked by the counts and percentiles of one kind
+    kinds = [r for r in read_table(spark, out, "kind_windows") if r["kind"] == "report.build"]
+    sql = (
+        _ATTEMPTS
+        + f"""SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, {_FIGURES}
+                         FROM w WHERE kind = 'report.build' GROUP BY window_start"""
+    )
+    by_kind = {r["window_us"]: r for r in _query(history, sql, _params(None, None, window))}
+    assert len(kinds) == len(by_kind)
+    for row in kinds:
+        assert_figures(row, by_kind[row["window_start"]], ["jobs", "attempts", "wait_p95_s", "run_p50_s"], row)
+
+    # totals per channel and per kind, over the period
+    channel_totals = expected_totals(history, "channel", period=period)
+    for row in read_table(spark, out, "channels"):
+        assert_figures(row, channel_totals[row["channel"]], FIGURES, row["channel"])
+    kind_totals = expected_totals(history, "kind", period=period)
+    assert {r["kind"] for r in read_table(spark, out, "kinds")} == set(kind_totals)
+    for row in read_table(spark, out, "kinds"):
+        assert_figures(row, kind_totals[row["kind"]], FIGURES, row["kind"])
+
+    # Jain's index per window
+    jain = expected_jain(history, window=window)
+    fairness = read_table(spark, out, "fairness_windows")
+    assert len(fairness) == len(jain) == 12
+    for row in fairness:
+        assert_figures(row, jain[row["window_start"]], ["active_channels", "jain_index"], row["window_start"])
+    assert min(r["jain_index"] for r in fairness) < 0.9  # the history is not fair
+
+    # starvation: the same incidents as the self-join
+    starved = expected_starvation(history, threshold=THRESHOLD)
+    incidents = {(r["job_id"], r["attempt"]): r for r in read_table(spark, out, "starvation")}
+    assert incidents.keys() == starved.keys()
+    for key, row in incidents.items():
+        assert_figures(row, starved[key], ["wait_s", "other_channels_served"], key)
+        assert row["started_at"] - row["waiting_since"] == round(row["wait_s"] * 1e6)
+    assert {r["channel"] for r in starved.values()} == {"slow"}
+    # the slow channel also waited over the threshold where nobody else was served: not an incident
+    slow_waits = _query(
+        history,
+        _ATTEMPTS + "SELECT count(*) AS n FROM w WHERE channel = 'slow' AND wait_s > 30",
+        _params(None, None, 3600),
+    )
+    assert slow_waits[0]["n"] > len(starved)
+    per_window: dict[int, int] = {}
+    for r in incidents.values():
+        per_window[r["window_start"]] = per_window.get(r["window_start"], 0) + 1
+    assert {r["window_start"]: r["starvation_incidents"] for r in fairness if r["starvation_incidents"]} == per_window
+
+    # summary, summary.json and the CSV
+    overall = expected_overall(history, period=period)
+    (summary,) = read_table(spark, out, "summary")
+    assert_figures(summary, overall, FIGURES, "summary")
+    assert summary["starvation_incidents"] == len(starved)
+    assert summary["windows"] == 12 and summary["channels"] == 13
+    assert close(summary["jain_mean"], sum(r["jain_index"] for r in jain.values()) / len(jain))
+    assert close(summary["jain_min"], min(r["jain_index"] for r in jain.values()))
+    as_json = json.loads((out / "summary.json").read_text())
+    assert as_json["jobs"] == overall["jobs"] and as_json["period_start"] == "2024-03-04T00:00:00Z"
+    with (out / "csv" / "channel_windows.csv").open(newline="") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(expected)
+    first = csv_rows[0]
+    assert first["window_start"].endswith("Z")
+    key = (_us(first["window_start"]), first["channel"])
+    assert close(float(first["wait_p95_s"]), expected[key]["wait_p95_s"])
+    assert set(written) >= {"report.html", "summary.json", "parquet/starvation", "csv/starvation.csv"}
+
+    # the page: the numbers it shows are the same
+    text = (out / "report.html").read_text()
+    page = Page(text)
+    kpis = {e["data-kpi"]: _value(e["data-value"]) for e in page.find(tag="div") if "data-kpi" in e}
+    for name in [
+        "jobs",
+        "throughput_per_s",
+        "wait_p50_s",
+        "wait_p95_s",
+        "wait_p99_s",
+        "run_p95_s",
+        "failure_rate",
+        "retry_rate",
+    ]:
+        assert close(kpis[name], overall[name]), name
+    assert kpis["starvation_incidents"] == len(starved)
+    table_rows = [e for e in page.find(tag="tr") if "data-channel" in e and "data-job-id" not in e]
+    assert {r["data-channel"] for r in table_rows} == set(channel_totals)
+    for row in table_rows:
+        cells = {c["data-col"]: _value(c["data-value"]) for c in row["children"]}
+        assert_figures(
+            cells,
+            channel_totals[row["data-channel"]],
+            ["jobs", "wait_p50_s", "wait_p95_s", "wait_p99_s", "run_p50_s", "run_p95_s", "failure_rate", "retry_rate"],
+            row["data-channel"],
+        )
+    assert table_rows[0]["data-channel"] == "slow"  # slowest first
+    named = chart_channels(channel_totals)
+    assert len(named) == 9 and "slow" in named
+    other = expected_other(history, named, window=window)
+    for series in ("wait_p50_s", "wait_p95_s", "share_of_jobs"):
+        points = page.find(data_series=series)
+        assert points, series
+        for point in points:
+            start = _us(point["data-window"])
+            want = other[start] if point.get("data-other") else expected[(start, point["data-channel"])]
+            assert close(_value(point["data-value"]), want[series]), (series, point)
+    shown = {(_us(p["data-window"]), p.get("data-channel")) for p in page.find(data_series="wait_p50_s")}
+    assert shown == {k for k, v in expected.items() if v["started"] and k[1] in named} | {
+        (start, None) for start, v in other.items() if v["started"]
+    }
+    assert "other (4 channels)" in text
+    jain_points = page.find(data_series="jain_index")
+    assert len(jain_points) == 12
+    for point in jain_points:
+        assert close(_value(point["data-value"]), jain[_us(point["data-window"])]["jain_index"])
+    incident_rows = [e for e in page.find(tag="tr") if "data-job-id" in e]
+    assert {(int(r["data-job-id"]), int(r["data-attempt"])) for r in incident_rows} == set(starved)
+    for row in incident_rows:
+        cells = {c["data-col"]: c["data-value"] for c in row["children"]}
+        want = starved[(int(row["data-job-id"]), int(row["data-attempt"]))]
+        assert close(_value(cells["wait_s"]), want["wait_s"])
+        assert int(cells["other_channels_served"]) == want["other_channels_served"]
+    # names are escaped everywhere
+    assert "<script>alert(1)" not in text and "<img src=x" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text and "&lt;img src=x onerror=alert(2)&gt;" in text
+    assert "http://" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # nothing loaded from elsewhere
+
+
+def test_period_live_table_and_uri_output(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path
+) -> None:
+    """--since/--until select attempts by event time; --include-live adds the live table, counting the attempts
+    found in both once; the archive and the output are URIs (written through Hadoop's FileSystem)."""
+    split, overlap = BASE + timedelta(days=2), BASE + timedelta(days=1)
+    archive = make_archive(spark, db_url, tcp_server_url, tmp_path / "older", f"finished_at < '{split.isoformat()}'")
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the live table still holds day two (archived too)
+        conn.execute(
+            f"INSERT INTO fairqueue.completed_job SELECT * FROM {HISTORY} WHERE finished_at >= '{overlap.isoformat()}'"
+        )
+    since, until = BASE + timedelta(days=1, hours=3, seconds=150), BASE + timedelta(days=2)
+    report = build_report(
+        spark,
+        source=archive.as_uri(),
+        since=since.isoformat(),
+        until="2024-03-06",
+        window="5m",
+        database_url=_tcp(db_url, tcp_server_url),
+    )
+    try:
+        written = write_report(report, (tmp_path / "via-uri").as_uri())
+        summary, page = report.summary, report.page
+    finally:
+        report.close()
+    assert summary["live_database"] is not None and "@" in summary["live_database"]
+    (both,) = _query(
+        history,
+        _ATTEMPTS + "SELECT count(*) AS n FROM w WHERE finished_at >= %(overlap)s AND finished_at < %(split)s",
+        {**_params(since, until, 300.0), "overlap": overlap, "split": split},
+    )
+    assert both["n"] > 100  # attempts of the period in the archive and in the live table
+    out = tmp_path / "via-uri"
+    rows = read_table(spark, out, "channel_windows")
+    expected = expected_channel_windows(history, window=300.0, since=since, until=until)
+    assert {(r["window_start"], r["channel"]) for r in rows} == set(expected)
+    for row in rows:
+        key = (row["window_start"], row["channel"])
+        assert_figures(row, expected[key], FIGURES, key)  # throughput over the clipped first window
+    first = round((since - timedelta(seconds=150)).timestamp() * 1e6)  # the window holding --since, clipped
+    assert min(k[0] for k in expected) == first
+    assert close(expected[(first, "alpha")]["throughput_per_s"], expected[(first, "alpha")]["jobs"] / 150)
+    overall = expected_overall(history, period=21 * 3600.0 - 150, since=since, until=until)
+    assert_figures(summary, overall, FIGURES, "summary")
+    assert summary["period_start"] == since and summary["period_end"] == until
+    starved = expected_starvation(history, threshold=THRESHOLD, since=since, until=until)
+    assert {(r["job_id"], r["attempt"]) for r in read_table(spark, out, "starvation")} == set(starved)
+    assert starved
+
+    # 252 windows of 5 minutes: the charts use 10-minute windows, computed afresh
+    assert page["chart_window_seconds"] == 600.0 and len(page["axis_us"]) == 126
+    jain = expected_jain(history, window=600.0, since=since, until=until)
+    assert {r["chart_us"]: r["jain_index"] for r in page["fairness"]}.keys() == jain.keys()
+    for r in page["fairness"]:
+        assert close(r["jain_index"], jain[r["chart_us"]]["jain_index"]), r
+    named = chart_channels(expected_totals(history, "channel", period=1.0, since=since, until=until))
+    assert set(page["groups"]) - {None} == set(named)
+    per_channel = expected_channel_windows(history, window=600.0, since=since, until=until)
+    other = expected_other(history, named, window=600.0, since=since, until=until)
+    for r in page["chart"]:
+        want = per_channel[(r["chart_us"], r["grp"])] if r["grp"] is not None else other[r["chart_us"]]
+        assert_figures(r, want, [*FIGURES, "share_of_jobs"], (r["chart_us"], r["grp"]))
+
+    assert written["report.html"].startswith("file:")
+    html = (out / "report.html").read_text()
+    assert "The charts use 10 min windows (the tables use 5 min)" in html
+    assert html.rstrip().endswith("</html>")
+    assert (out / "csv" / "fairness_windows.csv").is_file()
+    assert not list((out / "csv").glob(".*"))
+
+
+def test_command_line_end_to_end(archive: Path, history: str, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("FAIRQUEUE_SPARK_MASTER", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairqueue",
+            "report",
+            "--from",
+            str(archive),
+            "--since",
+            "2024-03-05",
+            "--until",
+            "2024-03-06T00:00:00Z",
+            "--window",
+            "12h",
+            "--starvation-threshold",
+            "45s",
+            "--out",
+            str(out),
+            "--master",
+            "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    since, until = datetime(2024, 3, 5, tzinfo=UTC), datetime(2024, 3, 6, tzinfo=UTC)
+    overall = expected_overall(history, period=86400.0, since=since, until=until)
+    assert f"{out / 'report.html'}" in done.stdout
+    assert f"jobs {overall['jobs']:,} " in done.stdout
+    assert "2 window(s) of 12h" in done.stdout
+    assert "starvation incidents" in done.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert_figures(summary, overall, FIGURES, "summary.json")
+    assert summary["starvation_incidents"] == len(
+        expected_starvation(history, threshold=45.0, since=since, until=until)
+    )
+    for table in ("summary", "channels", "kinds", "channel_windows", "kind_windows", "fairness_windows", "starvation"):
+        assert (out / "csv" / f"{table}.csv").is_file()
+        assert list((out / "parquet" / table).glob("part-*.parquet"))
+    assert not list((out / "csv").glob(".*"))  # no staging left behind
+
+
+def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = main(["report", *argv])
+    err = capsys.readouterr().err
+    assert code != 0, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fairqueue: error: "), err
+    return lines[0]
+
+
+def test_bad_input_is_one_line(spark: Any, archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = str(tmp_path / "out")
+    assert "no archive at" in _fails(capsys, "--from", str(tmp_path / "missing"), "--out", out)
+    (tmp_path / "empty" / "day=2024-03-04").mkdir(parents=True)
+    assert "is empty" in _fails(capsys, "--from", str(tmp_path / "empty"), "--out", out)
+    assert "--window" in _fails(capsys, "--from", str(archive), "--window", "an hour", "--out", out)
+    assert "--window" in _fails(capsys, "--from", str(archive), "--window", "0s", "--out", out)
+    assert "--window" in _fails(capsys, "--from", str(archive), "--window", "1.5s", "--out", out)
+    assert "--since" in _fails(capsys, "--from", str(archive), "--since", "yesterday-ish", "--out", out)
+    assert "must be before" in _fails(
+        capsys, "--from", str(archive), "--since", "2024-03-06", "--until", "2024-03-05", "--out", out
+    )
+    assert "--include-live" in _fails(capsys, "--from", str(archive), "--database-url", "postgresql://h/db")
+    assert "nothing to report" in _fails(capsys, "--from", str(archive), "--since", "2030-01-01", "--out", out)
+    unreachable = ["--include-live", "--database-url", "postgresql://nobody:s3cret@127.0.0.1:1/nothing"]
+    line = _fails(capsys, "--from", str(archive), *unreachable, "--out", out)
+    assert "cannot read fairqueue.completed_job" in line and "s3cret" not in line
+    # Parquet that is not an archive
+    spark.range(3).write.parquet(str(tmp_path / "numbers"))
+    assert "not a fairqueue archive" in _fails(capsys, "--from", str(tmp_path / "numbers"), "--out", out)
+    assert not Path(out).exists()
+
+
+# -- no Spark needed ------------------------------------------------------------------------------------
+
+
+def test_durations_and_instants() -> None:
+    assert parse_duration("1h") == 3600 and parse_duration("15m") == 900 and parse_duration("250ms") == 0.25
+    assert parse_duration("2d") == 172800 and parse_duration("45") == 45 and parse_duration("1.5 min") == 90
+    for bad in ("", "h", "-1h", "0", "1 hour", "1e3s"):
+        with pytest.raises(ReportError):
+            parse_duration(bad)
+    now = datetime(2024, 5, 8, 12, 0, tzinfo=UTC)
+    assert parse_when("7d", now=now) == datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    assert parse_when("90m", now=now) == datetime(2024, 5, 8, 10, 30, tzinfo=UTC)
+    assert parse_when("now", now=now) == now
+    assert parse_when("2024-05-01") == datetime(2024, 5, 1, tzinfo=UTC)
+    assert parse_when("2024-05-01T12:00:00+02:00") == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+    assert parse_when("2024-05-01T12:00Z") == datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    with pytest.raises(ReportError, match="ISO 8601"):
+        parse_when("last tuesday")
+
+
+def _page_data(channels: list[str]) -> dict[str, Any]:
+    """Page data as build_report collects it, for len(channels) channels over four windows."""
+    hour = 3_600_000_000
+    start = round(BASE.timestamp() * 1e6)
+    figures = {
+        "jobs": 10,
+        "attempts": 11,
+        "started": 11,
+        "throughput_per_s": 10 / 3600,
+        "wait_p50_s": 0.2,
+        "wait_p95_s": 2.5,
+        "wait_p99_s": 3.0,
+        "wait_max_s": 4.0,
+        "run_p50_s": 0.5,
+        "run_p95_s": 1.5,
+        "failed_jobs": 1,
+        "failure_rate": 0.1,
+        "retried_jobs": 1,
+        "retry_rate": 0.1,
+    }
+    named, other = channels[:9], len(channels) - 9
+    groups: list[str | None] = [*named, None] if other > 0 else list(named)
+    chart = [
+        {**figures, "chart_us": start + i * hour, "grp": g, "share_of_jobs": 1 / len(groups)}
+        for i in range(4)
+        for g in groups
+    ]
+    summary = {
+        **figures,
+        "period_start": BASE,
+        "period_end": BASE + timedelta(hours=4),
+        "windows": 4,
+        "channels": len(channels),
+        "kinds": 1,
+        "jain_mean": 1.0,
+        "jain_min": 1.0,
+        "starvation_incidents": 1,
+        "starved_channels": 1,
+    }
+    return {
+        "generated_at": BASE,
+        "source": "/tmp/<archive>",
+        "live_database": None,
+        "window_seconds": 3600.0,
+        "chart_window_seconds": 3600.0,
+        "threshold_seconds": 30.0,
+        "summary": summary,
+        "groups": groups,
+        "other_channels": max(0, other),
+        "axis_us": [start + i * hour for i in range(4)],
+        "chart_window_us": hour,
+        "chart": chart,
+        "fairness": [
+            {
+                "chart_us": start + i * hour,
+                "jain_index": 1.0,
+                "active_channels": len(channels),
+                "jobs": 10,
+                "starvation_incidents": i % 2,
+                "top_channel": channels[0],
+                "top_share": 0.5,
+            }
+            for i in range(4)
+        ],
+        "channels": [{**figures, "channel": c, "share_of_jobs": 0.1, "starvation_incidents": 0} for c in channels],
+        "kinds": [{**figures, "kind": "k<1>", "share_of_jobs": 1.0}],
+        "kinds_total": 1,
+        "starvation": [
+            {
+                "window_start": start,
+                "channel": channels[-1],
+                "kind": "k<1>",
+                "job_id": 7,
+                "attempt": 1,
+                "outcome": "succeeded",
+                "waiting_since": start,
+                "started_at": start + 45_000_000,
+                "wait_s": 45.0,
+                "other_channels_served": 3,
+            }
+        ],
+    }
+
+
+def test_page_names_the_top_channels_and_draws_the_rest_as_other() -> None:
+    channels = [f"tenant-{i:02d}" for i in range(11)] + ['"><svg onload=alert(1)>']
+    text = render_html(_page_data(channels))
+    page = Page(text)
+    named = {p["data-channel"] for p in page.find(data_series="wait_p50_s") if "data-channel" in p}
+    assert named == set(channels[:9])
+    assert len([p for p in page.find(data_series="share_of_jobs") if p.get("data-other") == "true"]) == 4
+    assert "other (3 channels)" in text
+    assert "<svg onload" not in text and "&quot;&gt;&lt;svg onload=alert(1)&gt;" in text
+    assert "&lt;archive&gt;" in text and "k&lt;1&gt;" in text
+    assert len(page.find(tag="rect", data_incidents="1")) == 2  # shaded windows with starvation

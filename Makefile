@@ -6,6 +6,8 @@
 #   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
 #   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
 #   make bench-e2e   worker processes end to end vs a hand-written loop (appends to docs/benchmarks.md)
+#   make bench-peers drain vs PgQueuer, Procrastinate and the loop, from .bench-venv (appends to docs/benchmarks.md)
+#   make bench-bulk  enqueue_many vs bulk_enqueue (COPY), 100,000 jobs
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -17,7 +19,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint browser jdbc bench-claim bench-e2e clean
+.PHONY: demo test test-pg15 lint browser jdbc bench-claim bench-e2e bench-peers bench-bulk clean
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -72,5 +74,11 @@ bench-claim: $(VENV)/.installed-dev
 bench-e2e: $(VENV)/.installed-dev
 	$(PY) -m benchmarks.end_to_end
 
+bench-peers: $(VENV)/.installed-dev
+	$(PY) -m benchmarks.peers
+
+bench-bulk: $(VENV)/.installed-dev
+	$(PY) -m benchmarks.bulk_enqueue
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist build
+	rm -rf $(VENV) .bench-venv .pytest_cache .mypy_cache .ruff_cache dist build

@@ -20,6 +20,9 @@ configured as its documentation sets it up, PgQueuer also as tuned in the perfor
   one table: the floor).
 - fairqueue worker: 2 processes x concurrency 10 (batch 10), and x concurrency 50 (batch 50).
 
+Then fairness, once per system: Bob enqueues 10,000 jobs, then Alice 1, and the workers drain the
+queue; reported is how many jobs had started when Alice's did, and her wait.
+
 Writes benchmarks/results/peers-<time>.json and appends a section to docs/benchmarks.md.
 """
 
@@ -147,6 +150,95 @@ def drain_procrastinate(python: str, url: str, jobs: int, processes: int, concur
     )
 
 
+# -- Bob's backlog, then Alice's one job: where does Alice's job start? -----------------------------------
+
+BOB = 10_000
+
+
+def _alice(url: str, query: str, *params: Any) -> dict[str, Any]:
+    """{position: how many jobs had started when Alice's did (hers included), wait_ms: her wait}."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(query, params).fetchone()
+    assert row is not None and row[0] is not None, "Alice's job did not run"
+    return {"position": int(row[0]), "of": BOB + 1, "wait_ms": round(float(row[1]) * 1000, 1)}
+
+
+def backlog_pgqueuer(python: str, url: str, processes: int, managers: int, batch: int) -> dict[str, Any]:
+    _peer(python, "pgqueuer_drain.py", url, "install")
+    _peer(python, "pgqueuer_drain.py", url, "backlog", str(BOB))
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT id, created FROM pgqueuer WHERE payload = 'alice'::bytea").fetchone()
+    assert row is not None
+    _run_peer_workers(python, "pgqueuer_drain.py", url, processes, str(managers), str(batch))
+    return _alice(
+        url,
+        "SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'picked' AND id <= a.id), "
+        "extract(epoch FROM a.created - %s) FROM pgqueuer_log a WHERE a.status = 'picked' AND a.job_id = %s",
+        row[1],
+        row[0],
+    )
+
+
+def backlog_procrastinate(python: str, url: str, processes: int, concurrency: int) -> dict[str, Any]:
+    _peer(python, "procrastinate_drain.py", url, "install")
+    _peer(python, "procrastinate_drain.py", url, "backlog", str(BOB))
+    _run_peer_workers(python, "procrastinate_drain.py", url, processes, str(concurrency))
+    return _alice(
+        url,
+        "SELECT (SELECT count(*) FROM procrastinate_events WHERE type = 'started' AND id <= s.id), "
+        "extract(epoch FROM s.at - d.at) FROM procrastinate_jobs j "
+        "JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'started' "
+        "JOIN procrastinate_events d ON d.job_id = j.id AND d.type = 'deferred' WHERE j.args->>'who' = 'alice'",
+    )
+
+
+def backlog_fairqueue(url: str, processes: int, concurrency: int, batch: int) -> dict[str, Any]:
+    import fairqueue
+    from benchmarks.tasks import noop
+
+    migrations.upgrade(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.transaction():
+            fairqueue.enqueue_many(conn, [noop.using(channel="bob").spec() for _ in range(BOB)])
+        noop.using(channel="alice").enqueue(conn)
+        procs = end_to_end._start_workers(url, processes, concurrency, batch)
+        try:
+            end_to_end._wait_empty(conn, "SELECT count(*) FROM fairqueue.job")
+        finally:
+            end_to_end._stop_workers(procs)
+    return _alice(
+        url,
+        "SELECT (SELECT count(*) FROM fairqueue.completed_job WHERE started_at <= a.started_at), "
+        "extract(epoch FROM a.started_at - a.enqueued_at) FROM fairqueue.completed_job a WHERE a.channel = 'alice'",
+    )
+
+
+def backlog_loop(url: str, processes: int, batch: int) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(end_to_end.REFERENCE_TABLE)
+        conn.execute("INSERT INTO bench_queue (kind) SELECT 'bob' FROM generate_series(1, %s)", (BOB,))
+        (alice,) = conn.execute("INSERT INTO bench_queue (kind) VALUES ('alice') RETURNING id").fetchone() or (0,)
+        procs, stop = end_to_end._start_reference(url, processes, batch)
+        try:
+            end_to_end._wait_empty(conn, "SELECT count(*) FROM bench_queue")
+        finally:
+            end_to_end._stop_reference(procs, stop)
+    return _alice(
+        url,
+        "SELECT (SELECT count(*) FROM bench_done WHERE started_at <= a.started_at), "
+        "extract(epoch FROM a.started_at - a.enqueued_at) FROM bench_done a WHERE a.id = %s",
+        alice,
+    )
+
+
+BACKLOG: list[tuple[str, Callable[[str, str], dict[str, Any]]]] = [
+    ("loop, batch 10, 1 proc", lambda py, url: backlog_loop(url, 1, 10)),
+    ("fairqueue, 2 procs x concurrency 10 (batch 10)", lambda py, url: backlog_fairqueue(url, 2, 10, 10)),
+    ("PgQueuer 1.6 tuned, 2 procs x batch 50", lambda py, url: backlog_pgqueuer(py, url, 2, 1, 50)),
+    ("Procrastinate 3.10, 2 procs x concurrency 10", lambda py, url: backlog_procrastinate(py, url, 2, 10)),
+]
+
+
 # -- fairqueue and the loop (benchmarks/end_to_end.py's drains) --------------------------------------------
 
 
@@ -227,6 +319,11 @@ def main() -> None:
                 result = run(python, url, args.jobs)
                 results[name].append(result)
                 print(f"round {round_no + 1}: {name}: {result['jobs_per_s']:,} jobs/s ({result['jobs']:,} jobs)")
+        backlog: dict[str, dict[str, Any]] = {}
+        for name, run_backlog in BACKLOG:
+            backlog[name] = run_backlog(python, _fresh_database(server_url, "fq_peers"))
+            b = backlog[name]
+            print(f"Bob {BOB:,} then Alice 1: {name}: Alice's job started #{b['position']:,}, {b['wait_ms']:,} ms wait")
     report = {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "jobs": args.jobs,
@@ -234,6 +331,7 @@ def main() -> None:
         "machine": machine | {"load_before": load_before, "load_after": os.getloadavg()},
         "versions": _versions(python) | {"python": platform.python_version()},
         "results": results,
+        "backlog": backlog,
     }
     out = end_to_end.RESULTS / f"peers-{report['at'].replace(':', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -279,6 +377,15 @@ def _append_doc(report: dict[str, Any]) -> None:
         f"fairqueue (batch 10) / loop (batch 10) = {fq10 / loop10:.2f} (target >= 0.6).",
         "",
     ]
+    lines += [
+        f"Bob enqueues {BOB:,} jobs, then Alice 1; the workers drain the queue. Where Alice's job started:",
+        "",
+        "| system | Alice's job started | Alice's wait (workers start after both enqueues) |",
+        "|---|---|---|",
+    ]
+    for name, b in report["backlog"].items():
+        lines.append(f"| {name} | #{b['position']:,} of {b['of']:,} | {b['wait_ms']:,} ms |")
+    lines.append("")
     with end_to_end.DOC.open("a") as doc:
         doc.write("\n".join(lines))
 

@@ -2,6 +2,7 @@
 
     python pgqueuer_drain.py URL install
     python pgqueuer_drain.py URL enqueue JOBS
+    python pgqueuer_drain.py URL backlog JOBS            # Bob's JOBS, then Alice's 1 (payload b"alice")
     python pgqueuer_drain.py URL work MANAGERS BATCH     # prints "ready", waits for a line on stdin, drains
 
 Each queue manager has its own asyncpg connection (as PgQueuer's docs set it up) and runs in drain
@@ -38,6 +39,15 @@ async def enqueue(url: str, jobs: int) -> None:
         await conn.close()
 
 
+async def backlog(url: str, jobs: int) -> None:
+    await enqueue(url, jobs)
+    conn = await asyncpg.connect(url)
+    try:
+        await Queries(AsyncpgDriver(conn)).enqueue("noop", b"alice")
+    finally:
+        await conn.close()
+
+
 async def _manager(url: str, batch: int, go: asyncio.Event) -> None:
     conn = await asyncpg.connect(url)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
@@ -69,6 +79,8 @@ def main() -> None:
         asyncio.run(install(url))
     elif action == "enqueue":
         asyncio.run(enqueue(url, int(rest[0])))
+    elif action == "backlog":
+        asyncio.run(backlog(url, int(rest[0])))
     elif action == "work":
         asyncio.run(work(url, int(rest[0]), int(rest[1])))
     else:

@@ -2,6 +2,7 @@
 
     python procrastinate_drain.py URL install
     python procrastinate_drain.py URL enqueue JOBS
+    python procrastinate_drain.py URL backlog JOBS        # Bob's JOBS, then Alice's 1 (args who="alice")
     python procrastinate_drain.py URL work CONCURRENCY   # prints "ready", waits for a line on stdin, drains
 
 The worker is Procrastinate's own (``run_worker_async``) with ``wait=False``: it exits once no job
@@ -19,7 +20,7 @@ app = App(connector=PsycopgConnector(conninfo=sys.argv[1] if len(sys.argv) > 1 e
 
 
 @app.task(name="noop")
-async def noop() -> None:
+async def noop(who: str = "bob") -> None:
     return None
 
 
@@ -32,6 +33,12 @@ async def enqueue(jobs: int) -> None:
     async with app.open_async():
         for start in range(0, jobs, 5_000):
             await noop.batch_defer_async(*({} for _ in range(min(5_000, jobs - start))))
+
+
+async def backlog(jobs: int) -> None:
+    await enqueue(jobs)
+    async with app.open_async():
+        await noop.defer_async(who="alice")
 
 
 async def work(concurrency: int) -> None:
@@ -47,6 +54,8 @@ def main() -> None:
         asyncio.run(install())
     elif action == "enqueue":
         asyncio.run(enqueue(int(rest[0])))
+    elif action == "backlog":
+        asyncio.run(backlog(int(rest[0])))
     elif action == "work":
         asyncio.run(work(int(rest[0])))
     else:

@@ -138,15 +138,16 @@ def test_the_django_tutorial_works_in_a_fresh_virtualenv(tmp_path: Path, empty_d
         )
         with psycopg.connect(empty_database_url, autocommit=True) as conn:
             deadline = time.monotonic() + 60
-            confirmed = "SELECT confirmed FROM orders_order WHERE id = %s"
-            while conn.execute(confirmed, (answer["order"],)).fetchone() != (True,):
-                assert worker.poll() is None and time.monotonic() < deadline, "the worker did not confirm the order"
+            final_attempt = (
+                "SELECT outcome, channel, result #>> '{}' FROM fairqueue.completed_job WHERE job_id = %s AND final"
+            )
+            while (final := conn.execute(final_attempt, (answer["job"],)).fetchone()) is None:
+                assert worker.poll() is None and time.monotonic() < deadline, "the worker did not finish the job"
                 time.sleep(0.1)
-            final = conn.execute(
-                "SELECT outcome, channel, result #>> '{}' FROM fairqueue.completed_job WHERE job_id = %s AND final",
-                (answer["job"],),
-            ).fetchone()
+            # ctx.atomic(): the order's update committed with the job's success
+            confirmed = conn.execute("SELECT confirmed FROM orders_order WHERE id = %s", (answer["order"],)).fetchone()
         assert final == ("succeeded", "acme", f"order {answer['order']} confirmed")
+        assert confirmed == (True,)
         worker.send_signal(signal.SIGINT)  # Ctrl-C
         assert worker.wait(30) == 0
 

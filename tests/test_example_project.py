@@ -61,13 +61,13 @@ def test_the_example_project_enqueues_in_its_transaction_and_runs_the_job(empty_
     try:
         with psycopg.connect(empty_database_url, autocommit=True) as conn:
             deadline = time.monotonic() + 60
-            while conn.execute("SELECT confirmed FROM orders_order WHERE id = %s", (order,)).fetchone() != (True,):
-                assert worker.poll() is None and time.monotonic() < deadline, "the order was not confirmed"
+            final_attempt = "SELECT outcome, channel FROM fairqueue.completed_job WHERE job_id = %s AND final"
+            while (final := conn.execute(final_attempt, (job,)).fetchone()) is None:
+                assert worker.poll() is None and time.monotonic() < deadline, "the job did not finish"
                 time.sleep(0.1)
-            final = conn.execute(
-                "SELECT outcome, channel FROM fairqueue.completed_job WHERE job_id = %s AND final", (job,)
-            ).fetchone()
             assert final == ("succeeded", "acme")
+            # the handler's update committed in the transaction that recorded the job's success
+            assert conn.execute("SELECT confirmed FROM orders_order WHERE id = %s", (order,)).fetchone() == (True,)
             assert conn.execute("SELECT count(*) FROM orders_order").fetchone() == (1,)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0

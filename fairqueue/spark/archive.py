@@ -1,43 +1,53 @@
 """Archiving finished days of job history from PostgreSQL to Parquet, with Spark.
 
 ``fairqueue archive --older-than 7d --to PATH`` (or :func:`archive_history`) takes each daily
-partition of ``fairqueue.completed_job`` whose whole day ended before ``now - older_than``, oldest
-first, and for each one:
+partition of ``fairqueue.completed_job`` whose whole UTC day ended before ``now() - older_than``,
+oldest first, and for each one:
 
-1. counts its rows and computes a checksum in PostgreSQL;
-2. reads it over JDBC in parallel ranges of ``job_id`` and writes it as Parquet into a staging
-   directory under the target, partitioned by ``day`` and ``outcome``;
-3. reads the staged files back and checks the row count and checksum against step 1;
-4. replaces the day's directory in the archive with the staged one and checks it once more there
-   (on object stores a "rename" is a copy);
-5. only then, in one PostgreSQL transaction: blocks writes to the partition, recomputes count and
-   checksum (rows that arrived since step 1 abort the drop), detaches and drops it.
+1. computes, in PostgreSQL, the row count and checksum of each outcome in it;
+2. reads it over JDBC in parallel ``job_id`` ranges and writes Parquet, partitioned by ``day`` and
+   ``outcome``, into a staging directory under the target (``{to}/_staging/...``);
+3. reads the staged files back and checks count and checksum, outcome by outcome, against step 1;
+4. moves the staged files into ``{to}/day=YYYY-MM-DD/outcome=<outcome>/``, first deleting the
+   files an interrupted earlier attempt at *this same partition* left there (each file's name
+   carries the partition's identity: ``part-s<oid>-...parquet``), checks every moved file's size and
+   records the copy in ``{to}/day=YYYY-MM-DD/_fairqueue_manifest.json``;
+5. only then, in one PostgreSQL transaction: locks the partition against writes, recomputes its
+   counts and checksums (rows that arrived or changed since step 1 abort the drop), detaches and
+   drops it.
 
-A failure anywhere before step 5 commits leaves the partition in PostgreSQL; a re-run archives it
-again and replaces whatever an interrupted run left in the archive. A run with nothing old enough
-does nothing. Only one archive run works on a database at a time (advisory lock).
+A failure anywhere before step 5 commits leaves the partition in PostgreSQL, and the next run
+replaces whatever the interrupted one left in the archive (never another partition's files: if a
+day is archived, gets new rows later and is archived again, both copies stay). A run with nothing
+old enough does nothing. Only one archive run works on a database at a time (advisory lock), and
+one database should archive into a given target.
 
-The checksum is the sum, over rows, of the first 60 bits of the MD5 of a canonical text of the row
-(:data:`CANONICAL_FIELDS`), computed independently by each engine: the same rows give the same sum
-whatever their order, and a lost, added or altered row changes it.
+The checksum is the sum, over rows, of the first 60 bits of the MD5 of a canonical UTF-8 text of the
+row (:data:`CANONICAL_FIELDS`), computed independently by each engine: the same rows give the same
+sum whatever their order, and a lost, added or altered row changes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+import psycopg.errors
 
 from fairqueue.errors import ConfigurationError, FairqueueError
-from fairqueue.spark.report import parse_duration, spark_message
+from fairqueue.spark.report import ReportError, spark_message
+from fairqueue.spark.report import parse_duration as report_duration_seconds
 from fairqueue.spark.session import jdbc_target, spark_session
 from fairqueue.urls import redact, to_libpq
 
@@ -46,16 +56,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCK_KEY = (1718681601, 5)  # pg_advisory_lock: one archive run per database
-STAGING = "_staging"  # under the target; Spark's partition discovery skips names starting with "_"
+APPLICATION = "fairqueue archive"
+LOCK_KEY = (1718681601, 5)  # pg_try_advisory_lock: one archive run per database
+STAGING = "_staging"  # under the target; Spark skips names starting with "_" when it reads the archive
 MANIFEST = "_fairqueue_manifest.json"
-ROWS_PER_READ = 50_000  # rows per parallel JDBC read
-MAX_READS = 32
+ROWS_PER_READ = 25_000  # rows per parallel JDBC read (one Spark task each)
+MAX_READS = 64
+DROP_LOCK_TIMEOUT = 5.0  # seconds the final transaction waits for a lock before giving up (nothing dropped)
 _PARTITION = re.compile(r"completed_job_p(\d{8})")
+_FILE_TAG = "part-s{oid}-"  # prefix of the archive files copied from the partition with this oid
 
-# (column, kind) in the order they enter the canonical text. Text columns go in as they are (jsonb
-# as PostgreSQL prints it, which is what JDBC hands Spark), numbers in decimal, booleans as 1/0,
-# timestamps as microseconds since the epoch; NULL as \N.
+#: The archive's columns in the Parquet files, in order; ``day`` and ``outcome`` are the directories.
+COLUMNS = (
+    "job_id",
+    "attempt",
+    "final",
+    "kind",
+    "channel",
+    "args",
+    "result",
+    "error",
+    "worker_id",
+    "unique_key",
+    "fifo_key",
+    "enqueued_at",
+    "ready_at",
+    "started_at",
+    "finished_at",
+)
+
+#: (column, kind) in the order they enter the canonical text of a row. Each value is written as
+#: ``<length>:<text>`` (length in characters; NULL as ``N``) and the values are joined with ``|``:
+#: numbers in decimal, booleans as ``t``/``f``, timestamps as microseconds since the epoch, text as it
+#: is, and JSON as PostgreSQL prints jsonb (which is what the archive stores).
 CANONICAL_FIELDS = (
     ("job_id", "number"),
     ("attempt", "number"),
@@ -74,7 +107,8 @@ CANONICAL_FIELDS = (
     ("started_at", "time"),
     ("finished_at", "time"),
 )
-# the archive's columns (besides the partition columns day and outcome), as read from PostgreSQL
+
+# what the JDBC read selects: jsonb as text, so the archive holds exactly what the SQL checksum hashed
 _SELECT = (
     "job_id, attempt, outcome, final, kind, channel, args::text AS args, result::text AS result, error, "
     "worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at"
@@ -85,97 +119,132 @@ class ArchiveError(FairqueueError):
     """Archiving stopped; the history it was working on is still in PostgreSQL."""
 
 
-@dataclass(frozen=True)
-class Fingerprint:
-    rows: int
-    checksum: Decimal
-
-    def __str__(self) -> str:
-        return f"{self.rows:,} rows, checksum {self.checksum}"
+class InvalidDurationError(ArchiveError, ValueError):
+    """``--older-than`` is not a positive duration such as ``7d``."""
 
 
-@dataclass(frozen=True)
-class ArchivedDay:
-    partition: str
-    day: date
-    fingerprint: Fingerprint
-    path: str
-    by_outcome: dict[str, int]
-    seconds: float
+# -- durations ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class ArchiveResult:
-    cutoff: datetime
-    target: str
-    archived: list[ArchivedDay] = field(default_factory=list)
-    default_partition_rows: int = 0  # old rows in completed_job_default: never archived, reported
-    default_partition_since: date | None = None
-
-    @property
-    def rows(self) -> int:
-        return sum(d.fingerprint.rows for d in self.archived)
+def parse_duration(text: str | timedelta, *, what: str = "--older-than") -> timedelta:
+    """``7d``, ``12h``, ``30m``, ``2w`` (or ``90s``, ``1.5d``) as a timedelta; must be greater than zero.
+    Unlike the report's durations, a unit is required: ``--older-than 7`` is more likely a typo than 7 s."""
+    if isinstance(text, timedelta):
+        delta = text
+    else:
+        stripped = str(text).strip()
+        if not re.search(r"[A-Za-z]$", stripped):
+            raise InvalidDurationError(
+                f"{what} {text!r} is not a duration: give a number and a unit, e.g. 30m, 12h, 7d or 2w"
+            )
+        try:
+            delta = timedelta(seconds=report_duration_seconds(stripped, what=what))
+        except ReportError as exc:
+            raise InvalidDurationError(str(exc)) from None
+        except OverflowError:
+            raise InvalidDurationError(f"{what} {text!r} is too long") from None
+    if delta <= timedelta(0):
+        raise InvalidDurationError(f"{what} must be greater than zero, got {text!r}")
+    return delta
 
 
 # -- the checksum, in both engines ------------------------------------------------------------------------
 
 
-def _sql_checksum_expression() -> str:
+@dataclass(frozen=True)
+class Fingerprint:
+    """Row count and checksum of a set of history rows."""
+
+    rows: int
+    checksum: int
+
+    def __add__(self, other: Fingerprint) -> Fingerprint:
+        return Fingerprint(self.rows + other.rows, self.checksum + other.checksum)
+
+    def __str__(self) -> str:
+        return f"{self.rows:,} rows, checksum {self.checksum}"
+
+
+#: fingerprint of each outcome present
+Fingerprints = dict[str, Fingerprint]
+
+
+def total(fingerprints: Fingerprints) -> Fingerprint:
+    return sum(fingerprints.values(), Fingerprint(0, 0))
+
+
+def _sql_row_hash() -> str:
     parts = []
     for name, kind in CANONICAL_FIELDS:
         if kind == "bool":
-            value = f"CASE WHEN {name} THEN '1' ELSE '0' END"
+            value = f"CASE WHEN {name} THEN 't' WHEN NOT {name} THEN 'f' END"
         elif kind == "time":
             value = f"(extract(epoch FROM {name}) * 1000000)::bigint::text"
         elif kind == "number":
             value = f"{name}::text"
         else:
             value = f"{name}::text"
-        parts.append(f"coalesce({value}, '\\N')")
+        parts.append(f"coalesce(length({value})::text || ':' || {value}, 'N')")
     canonical = " || '|' || ".join(parts)
-    return f"('x' || substr(md5({canonical}), 1, 15))::bit(60)::bigint"
+    return f"('x' || substr(md5(convert_to({canonical}, 'UTF8')), 1, 15))::bit(60)::bigint"
 
 
-SQL_FINGERPRINT = f"SELECT count(*), coalesce(sum({_sql_checksum_expression()}), 0) FROM fairqueue.{{table}}"
+#: count and checksum per outcome of a table (``{table}``: a checked partition name)
+SQL_FINGERPRINTS = (
+    f"SELECT outcome, count(*), coalesce(sum({_sql_row_hash()}), 0) FROM fairqueue.{{table}} GROUP BY outcome"
+)
 
 
-def spark_fingerprint(df: DataFrame) -> Fingerprint:
-    """Row count and checksum of ``df`` (the archive's columns), computed by Spark."""
+def sql_fingerprints(conn: psycopg.Connection[Any], table: str) -> Fingerprints:
+    """Count and checksum of each outcome in ``fairqueue.<table>``, computed by PostgreSQL."""
+    if not re.fullmatch(r"completed_job(_p\d{8}|_default)?", table):
+        raise ValueError(f"not a history table: {table!r}")
+    rows = conn.execute(SQL_FINGERPRINTS.format(table=table)).fetchall()
+    return {str(outcome): Fingerprint(int(n), int(s)) for outcome, n, s in rows}
+
+
+def spark_fingerprints(df: DataFrame) -> Fingerprints:
+    """Count and checksum of each outcome in ``df`` (the archive's columns), computed by Spark."""
     from pyspark.sql import functions as F
 
     parts = []
     for name, kind in CANONICAL_FIELDS:
         column = F.col(name)
         if kind == "bool":
-            value = F.when(column, F.lit("1")).when(~column, F.lit("0"))
+            value = F.when(column, F.lit("t")).when(~column, F.lit("f"))
         elif kind == "time":
             value = F.unix_micros(column).cast("string")
         else:
             value = column.cast("string")
-        parts.append(F.coalesce(value, F.lit("\\N")))
+        parts.append(F.coalesce(F.concat(F.length(value).cast("string"), F.lit(":"), value), F.lit("N")))
     canonical = F.concat_ws("|", *parts)
-    value = F.conv(F.substring(F.md5(canonical), 1, 15), 16, 10).cast("decimal(38,0)")
-    row = df.agg(F.count(F.lit(1)).alias("rows"), F.coalesce(F.sum(value), F.lit(0)).alias("sum")).first()
-    assert row is not None
-    return Fingerprint(int(row["rows"]), Decimal(row["sum"]))
-
-
-def _sql_fingerprint(conn: psycopg.Connection[Any], table: str) -> Fingerprint:
-    row = conn.execute(SQL_FINGERPRINT.format(table=table)).fetchone()  # table: a checked partition name
-    assert row is not None
-    return Fingerprint(int(row[0]), Decimal(row[1]))
+    row_hash = F.conv(F.substring(F.md5(F.encode(canonical, "UTF-8")), 1, 15), 16, 10).cast("decimal(38,0)")
+    rows = df.groupBy("outcome").agg(F.count(F.lit(1)).alias("rows"), F.sum(row_hash).alias("sum")).collect()
+    return {str(r["outcome"]): Fingerprint(int(r["rows"]), int(r["sum"] or 0)) for r in rows}
 
 
 # -- the target's file system (local paths or any Hadoop URI), through Spark's JVM -------------------------
 
 
+@dataclass(frozen=True)
+class _File:
+    path: str  # fully qualified
+    name: str
+    parent: str  # name of the directory holding it (outcome=...)
+    grandparent: str  # (day=...)
+    size: int
+
+
 class _Files:
+    """The few Hadoop FileSystem operations the archive needs, on the target's file system."""
+
     def __init__(self, spark: SparkSession, root: str) -> None:
+        self.spark = spark
         jvm: Any = spark._jvm
         self._jvm = jvm
-        self._conf = spark._jsc.hadoopConfiguration()
+        conf = spark._jsc.hadoopConfiguration()
         self.root = root.rstrip("/")
-        self._fs = self._path(self.root).getFileSystem(self._conf)
+        self._fs = self._path(self.root).getFileSystem(conf)
 
     def _path(self, where: str) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(where)
@@ -198,6 +267,9 @@ class _Files:
         if not self._fs.rename(self._path(source), self._path(target)):
             raise ArchiveError(f"could not move {source} to {target}")
 
+    def size(self, where: str) -> int:
+        return int(self._fs.getFileStatus(self._path(where)).getLen())
+
     def write_text(self, where: str, text: str) -> None:
         stream = self._fs.create(self._path(where), True)
         try:
@@ -205,199 +277,48 @@ class _Files:
         finally:
             stream.close()
 
-    def children(self, where: str) -> list[str]:
+    def read_text(self, where: str) -> str:
+        stream = self._fs.open(self._path(where))
+        try:
+            out = self._jvm.java.io.ByteArrayOutputStream()
+            self._jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, out, 65536, False)
+            return bytes(out.toByteArray()).decode()
+        finally:
+            stream.close()
+
+    def children(self, where: str) -> list[tuple[str, bool]]:
+        """(name, is a directory) of each entry of ``where`` (none when it does not exist)."""
         if not self.exists(where):
             return []
-        return [str(status.getPath().getName()) for status in self._fs.listStatus(self._path(where))]
+        return [(str(s.getPath().getName()), bool(s.isDirectory())) for s in self._fs.listStatus(self._path(where))]
+
+    def files_under(self, where: str) -> list[_File]:
+        found = []
+        listing = self._fs.listFiles(self._path(where), True)
+        while listing.hasNext():
+            status = listing.next()
+            path = status.getPath()
+            parent = path.getParent()
+            found.append(
+                _File(
+                    path=str(path.toString()),
+                    name=str(path.getName()),
+                    parent=str(parent.getName()),
+                    grandparent=str(parent.getParent().getName()),
+                    size=int(status.getLen()),
+                )
+            )
+        return found
 
 
 def _target_uri(to: str) -> str:
-    """``to`` as a URI: local paths (relative or absolute) become absolute ``file:`` URIs."""
+    """``to`` as a URI: local paths (relative or absolute, without a scheme) become absolute ``file:`` URIs."""
     if not to or not to.strip():
         raise ArchiveError("no archive target: pass --to PATH (a directory or a Hadoop-compatible URI)")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", to) and not re.match(r"^[A-Za-z]:[\\/]", to):
         return to
-    return Path(to).expanduser().absolute().as_uri()
-
-
-# -- finding what to archive ------------------------------------------------------------------------------
-
-
-def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[tuple[str, date]]:
-    """Daily partitions of completed_job whose whole day ended at or before ``cutoff``, oldest first."""
-    rows = conn.execute(
-        """
-        SELECT c.relname FROM pg_inherits i
-        JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'fairqueue.completed_job'::regclass
-        """
-    ).fetchall()
-    found = []
-    for (name,) in rows:
-        match = _PARTITION.fullmatch(name)
-        if not match:
-            continue  # the default partition, or something an operator attached by hand
-        day = datetime.strptime(match.group(1), "%Y%m%d").replace(tzinfo=UTC)
-        if day + timedelta(days=1) <= cutoff:
-            found.append((name, day.date()))
-    return sorted(found, key=lambda item: item[1])
-
-
-def _old_default_rows(conn: psycopg.Connection[Any], cutoff: datetime) -> tuple[int, date | None]:
-    row = conn.execute(
-        "SELECT count(*), min(finished_at) FROM fairqueue.completed_job_default WHERE finished_at < %s", (cutoff,)
-    ).fetchone()
-    if not row or not row[0]:
-        return 0, None
-    return int(row[0]), row[1].astimezone(UTC).date()
-
-
-# -- archiving one partition ------------------------------------------------------------------------------
-
-
-def _read_partition(spark: SparkSession, database_url: str, table: str, rows: int, bounds: tuple[int, int]) -> Any:
-    reads = max(1, min(MAX_READS, -(-rows // ROWS_PER_READ)))
-    options = jdbc_target(database_url).options(
-        dbtable=f"(SELECT {_SELECT} FROM fairqueue.{table}) AS history",
-        fetchsize=10_000,
-    )
-    if reads > 1:
-        options |= {
-            "partitionColumn": "job_id",
-            "lowerBound": str(bounds[0]),
-            "upperBound": str(bounds[1] + 1),
-            "numPartitions": str(reads),
-        }
-    return spark.read.format("jdbc").options(**options).load()
-
-
-def _archive_partition(
-    spark: SparkSession, database_url: str, files: _Files, table: str, day: date
-) -> ArchivedDay | None:
-    from pyspark.sql import functions as F
-
-    started = datetime.now(UTC)
-    with psycopg.connect(database_url, autocommit=True, application_name="fairqueue archive") as conn:
-        source = _sql_fingerprint(conn, table)
-        bounds_row = conn.execute(f"SELECT min(job_id), max(job_id) FROM fairqueue.{table}").fetchone()
-    day_dir = f"day={day.isoformat()}"
-    final = files.join(day_dir)
-    if source.rows:
-        assert bounds_row is not None
-        staging = files.join(STAGING, f"{table}-{uuid.uuid4().hex[:12]}")
-        df = _read_partition(spark, database_url, table, source.rows, (int(bounds_row[0]), int(bounds_row[1])))
-        df = df.withColumn("day", F.lit(day).cast("date"))
-        df.write.mode("errorifexists").partitionBy("day", "outcome").parquet(staging)
-        staged = spark_fingerprint(spark.read.parquet(staging))
-        if staged != source:
-            files.delete(staging)
-            raise ArchiveError(f"{table}: wrote {staged} to the staging area, but PostgreSQL has {source}")
-        files.delete(final)  # an earlier, interrupted run's copy of this day
-        files.rename(files.join(STAGING, staging.rsplit("/", 1)[1], day_dir), final)
-        files.delete(staging)
-        archived = spark.read.parquet(files.root).where(F.col("day") == F.lit(day).cast("date"))
-        placed = spark_fingerprint(archived)
-        if placed != source:
-            raise ArchiveError(f"{table}: the archive now holds {placed} for {day}, but PostgreSQL has {source}")
-        by_outcome = {str(r["outcome"]): int(r["count"]) for r in archived.groupBy("outcome").count().collect()}
-    else:
-        by_outcome = {}
-    manifest = {
-        "partition": f"fairqueue.{table}",
-        "day": day.isoformat(),
-        "rows": source.rows,
-        "checksum": str(source.checksum),
-        "rows_by_outcome": by_outcome,
-        "archived_at": datetime.now(UTC).isoformat(),
-        "checksum_fields": [name for name, _ in CANONICAL_FIELDS],
-    }
-    if source.rows:
-        files.write_text(files.join(day_dir, MANIFEST), json.dumps(manifest, indent=2) + "\n")
-    _drop_partition(database_url, table, source)
-    seconds = (datetime.now(UTC) - started).total_seconds()
-    return ArchivedDay(table, day, source, final, by_outcome, seconds)
-
-
-def _drop_partition(database_url: str, table: str, archived: Fingerprint) -> None:
-    """Detaches and drops ``table`` if it still holds exactly what was archived; else changes nothing."""
-    with psycopg.connect(database_url, application_name="fairqueue archive") as conn, conn.transaction():
-        conn.execute("SET LOCAL lock_timeout = '10s'")
-        # No insert can land in a past day's partition (finish records clock_timestamp()), but if
-        # one did after the copy was taken, the drop must not take it along: block writes, recount.
-        conn.execute(f"LOCK TABLE fairqueue.{table} IN SHARE MODE")
-        now = _sql_fingerprint(conn, table)
-        if now != archived:
-            raise ArchiveError(
-                f"{table} changed while it was being archived ({archived} archived, {now} now): kept in PostgreSQL; "
-                "run the archive again"
-            )
-        conn.execute(f"ALTER TABLE fairqueue.completed_job DETACH PARTITION fairqueue.{table}")
-        conn.execute(f"DROP TABLE fairqueue.{table}")
-
-
-# -- the whole run ----------------------------------------------------------------------------------------
-
-
-def parse_age(text: str | timedelta) -> timedelta:
-    """``7d``, ``12h``, ``2w`` ... as a timedelta (``--older-than``)."""
-    if isinstance(text, timedelta):
-        if text.total_seconds() <= 0:
-            raise ArchiveError(f"--older-than must be greater than zero, got {text}")
-        return text
-    return timedelta(seconds=parse_duration(text, what="--older-than"))
-
-
-def archive_history(
-    database_url: str,
-    *,
-    older_than: str | timedelta,
-    to: str,
-    master: str | None = None,
-    spark: SparkSession | None = None,
-    on_day: Any = None,
-) -> ArchiveResult:
-    """Archives every daily history partition older than ``older_than`` to Parquet under ``to``.
-
-    ``on_day(ArchivedDay)`` is called after each day is safely archived and dropped.
-    """
-    age = parse_age(older_than)
-    url = to_libpq(database_url)
-    jdbc_target(url)  # a unix-socket URL fails here, before anything starts
-    target = _target_uri(to)
-    try:
-        with psycopg.connect(url, autocommit=True, application_name="fairqueue archive") as lock:
-            (cutoff,) = lock.execute("SELECT now() - %s::interval", (age,)).fetchone() or (None,)
-            assert cutoff is not None
-            (got,) = lock.execute("SELECT pg_try_advisory_lock(%s, %s)", LOCK_KEY).fetchone() or (False,)
-            if not got:
-                raise ArchiveError("another fairqueue archive is running on this database; try again when it is done")
-            result = ArchiveResult(cutoff=cutoff, target=target)
-            result.default_partition_rows, result.default_partition_since = _old_default_rows(lock, cutoff)
-            partitions = _old_partitions(lock, cutoff)
-            if not partitions:
-                return result
-            session = spark or spark_session(master, app_name="fairqueue archive")
-            files = _Files(session, target)
-            _check_writable(files)
-            files.delete(files.join(STAGING))  # leftovers of a killed run (we hold the lock)
-            for table, day in partitions:
-                try:
-                    done = _archive_partition(session, url, files, table, day)
-                except ArchiveError:
-                    raise
-                except psycopg.Error:
-                    raise
-                except Exception as exc:
-                    raise ArchiveError(
-                        f"archiving {table} failed, its rows stay in PostgreSQL: {spark_message(exc)}"
-                    ) from exc
-                if done is not None:
-                    result.archived.append(done)
-                    if on_day is not None:
-                        on_day(done)
-            return result
-    except psycopg.OperationalError as exc:
-        raise ConfigurationError(f"cannot connect to the database {redact(url)}: {exc}".strip()) from exc
+    # not Path.as_uri(): Hadoop's Path takes the path as it is, and would not undo the percent-encoding
+    return "file://" + Path(to).expanduser().absolute().as_posix()
 
 
 def _check_writable(files: _Files) -> None:
@@ -413,17 +334,406 @@ def _check_writable(files: _Files) -> None:
         raise ArchiveError(f"the archive target {files.root} is not writable: {spark_message(exc)}") from None
 
 
+# -- what there is to archive -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Partition:
+    table: str
+    oid: int
+    day: date
+
+    @property
+    def tag(self) -> str:
+        return _FILE_TAG.format(oid=self.oid)
+
+
+def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Partition]:
+    """Daily partitions of completed_job whose whole day ended at or before ``cutoff``, oldest first.
+
+    Only partitions named ``completed_job_pYYYYMMDD`` whose bounds are exactly that UTC day (as
+    ``ensure_completed_partitions`` makes them); anything else attached by hand is left alone.
+    """
+    rows = conn.execute(
+        """
+        SELECT c.relname, c.oid::bigint, pg_get_expr(c.relpartbound, c.oid)
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'fairqueue.completed_job'::regclass
+        """
+    ).fetchall()
+    found = []
+    for name, oid, bounds in rows:
+        match = _PARTITION.fullmatch(name)
+        if not match:
+            continue  # the default partition, or something attached by hand
+        try:
+            start = datetime.strptime(match.group(1), "%Y%m%d").replace(tzinfo=UTC)
+        except ValueError:
+            continue
+        end = start + timedelta(days=1)
+        if end > cutoff:
+            continue
+        # printed by the server, like pg_get_expr, so the session's TimeZone and DateStyle do not matter
+        (expected,) = conn.execute(
+            "SELECT format('FOR VALUES FROM (%%L) TO (%%L)', %s::timestamptz, %s::timestamptz)", (start, end)
+        ).fetchone() or ("",)
+        if bounds != expected:
+            log.warning("fairqueue archive: %s does not cover exactly its UTC day (%s); left alone", name, bounds)
+            continue
+        found.append(_Partition(table=name, oid=int(oid), day=start.date()))
+    return sorted(found, key=lambda p: p.day)
+
+
+def _old_default_rows(conn: psycopg.Connection[Any], cutoff: datetime) -> tuple[int, date | None]:
+    row = conn.execute(
+        "SELECT count(*), min(finished_at) FROM fairqueue.completed_job_default WHERE finished_at < %s", (cutoff,)
+    ).fetchone()
+    if not row or not row[0]:
+        return 0, None
+    return int(row[0]), row[1].astimezone(UTC).date()
+
+
+# -- results ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchivedDay:
+    """One partition copied to the archive, verified, detached and dropped."""
+
+    partition: str
+    day: date
+    fingerprint: Fingerprint
+    outcomes: Fingerprints
+    path: str  # the day's directory in the archive ("" for an empty partition: nothing written)
+    files: tuple[str, ...]  # the files written, relative to the day's directory
+    seconds: float
+
+    @property
+    def by_outcome(self) -> dict[str, int]:
+        return {outcome: f.rows for outcome, f in self.outcomes.items()}
+
+
+@dataclass
+class ArchiveReport:
+    """What a run did: the days archived (oldest first) and what it saw but left alone."""
+
+    cutoff: datetime
+    target: str
+    archived: list[ArchivedDay] = field(default_factory=list)
+    default_partition_rows: int = 0  # old rows in completed_job_default: never archived, reported
+    default_partition_since: date | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(d.fingerprint.rows for d in self.archived)
+
+
+# -- archiving one partition ------------------------------------------------------------------------------
+
+
+def _read_partition(
+    spark: SparkSession,
+    database_url: str,
+    table: str,
+    rows: int,
+    bounds: tuple[int, int],
+    *,
+    rows_per_read: int = ROWS_PER_READ,
+) -> DataFrame:
+    """The partition over JDBC: one read per ``rows_per_read`` rows (at most MAX_READS), split on job_id."""
+    reads = max(1, min(MAX_READS, -(-rows // rows_per_read)))
+    options = jdbc_target(database_url).options(
+        dbtable=f"(SELECT {_SELECT} FROM fairqueue.{table}) AS history", fetchsize=10_000
+    )
+    if reads > 1 and bounds[1] > bounds[0]:
+        # Spark's first and last ranges are open-ended: every row is read whatever the bounds
+        options |= {
+            "partitionColumn": "job_id",
+            "lowerBound": str(bounds[0]),
+            "upperBound": str(bounds[1] + 1),
+            "numPartitions": str(reads),
+        }
+    return spark.read.format("jdbc").options(**options).load()
+
+
+@contextmanager
+def _timestamp_micros(spark: SparkSession) -> Iterator[None]:
+    """Parquet timestamps as TIMESTAMP_MICROS (UTC-adjusted; every reader knows it) instead of Spark's INT96."""
+    key = "spark.sql.parquet.outputTimestampType"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
+def _remove_copies(files: _Files, day_dir: str, tag: str) -> None:
+    """Deletes the files an earlier, interrupted attempt at the same partition left in the day's directory."""
+    for name, is_dir in files.children(day_dir):
+        if not (is_dir and name.startswith("outcome=")):
+            continue
+        for child, child_is_dir in files.children(f"{day_dir}/{name}"):
+            if not child_is_dir and child.startswith(tag):
+                files.delete(f"{day_dir}/{name}/{child}")
+
+
+def _move_into_place(files: _Files, staged: list[_File], day_dir: str, part: _Partition) -> list[str]:
+    """Moves the staged Parquet files into the day's outcome directories; returns their paths relative to it."""
+    expected_day = f"day={part.day.isoformat()}"
+    moved = []
+    for f in staged:
+        if f.grandparent != expected_day or not f.parent.startswith("outcome="):
+            raise ArchiveError(f"unexpected file in the staging area: {f.path}")
+        relative = f"{f.parent}/{part.tag}{f.name.removeprefix('part-')}"
+        files.mkdirs(f"{day_dir}/{f.parent}")
+        files.rename(f.path, f"{day_dir}/{relative}")
+        if files.size(f"{day_dir}/{relative}") != f.size:  # on object stores a move is a copy
+            raise ArchiveError(f"{day_dir}/{relative} does not have the size of the file staged for it")
+        moved.append(relative)
+    return moved
+
+
+def _read_manifest(files: _Files, day_dir: str) -> dict[str, Any]:
+    for name in (MANIFEST, MANIFEST + ".tmp"):  # .tmp: a run stopped between writing it and renaming it
+        where = f"{day_dir}/{name}"
+        if files.exists(where):
+            try:
+                manifest = json.loads(files.read_text(where))
+                if isinstance(manifest, dict) and isinstance(manifest.get("copies"), list):
+                    return manifest
+            except ValueError:
+                pass
+            log.warning("fairqueue archive: %s is unreadable; starting a new one", where)
+            files.rename(where, f"{where}.unreadable-{uuid.uuid4().hex[:8]}")
+    return {"copies": []}
+
+
+def _record_manifest(files: _Files, day_dir: str, part: _Partition, outcomes: Fingerprints, moved: list[str]) -> None:
+    """Adds this copy to the day's manifest (replacing an interrupted attempt's entry for the same partition)."""
+    manifest = _read_manifest(files, day_dir)
+    copies = [c for c in manifest["copies"] if not (isinstance(c, dict) and c.get("file_prefix") == part.tag)]
+    whole = total(outcomes)
+    copies.append(
+        {
+            "partition": f"fairqueue.{part.table}",
+            "partition_oid": part.oid,
+            "file_prefix": part.tag,
+            "rows": whole.rows,
+            "checksum": str(whole.checksum),
+            "outcomes": {o: {"rows": f.rows, "checksum": str(f.checksum)} for o, f in sorted(outcomes.items())},
+            "files": sorted(moved),
+            "archived_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+    )
+    manifest = {
+        "format": 1,
+        "day": part.day.isoformat(),
+        "rows": sum(int(c.get("rows", 0)) for c in copies if isinstance(c, dict)),
+        "checksum_fields": [f"{name}:{kind}" for name, kind in CANONICAL_FIELDS],
+        "copies": copies,
+    }
+    final, temporary = f"{day_dir}/{MANIFEST}", f"{day_dir}/{MANIFEST}.tmp"
+    files.write_text(temporary, json.dumps(manifest, indent=2) + "\n")
+    files.delete(final)
+    files.rename(temporary, final)
+
+
+def _archive_partition(
+    database_url: str, target: Callable[[], _Files], part: _Partition, *, lock_timeout: float
+) -> ArchivedDay:
+    """Copies one partition to the archive, verifies the copy and drops the partition (an empty one is
+    just dropped: Spark and the target are only opened, by ``target()``, for a partition with rows)."""
+    started = time.monotonic()
+    with psycopg.connect(database_url, autocommit=True, application_name=APPLICATION) as conn:
+        source = sql_fingerprints(conn, part.table)
+        low, high = conn.execute(f"SELECT min(job_id), max(job_id) FROM fairqueue.{part.table}").fetchone() or (0, 0)
+    whole = total(source)
+    day_dir = ""
+    moved: list[str] = []
+    if whole.rows:
+        files = target()
+        spark = files.spark
+        from pyspark.sql import functions as F
+
+        day_dir = files.join(f"day={part.day.isoformat()}")
+        staging = files.join(STAGING, f"{part.table}-{uuid.uuid4().hex[:12]}")
+        try:
+            df = _read_partition(spark, database_url, part.table, whole.rows, (int(low), int(high)))
+            df = df.withColumn("day", F.lit(part.day).cast("date")).select(*COLUMNS, "day", "outcome")
+            with _timestamp_micros(spark):
+                df.write.mode("errorifexists").partitionBy("day", "outcome").parquet(staging)
+            staged = spark_fingerprints(spark.read.parquet(staging))
+            if staged != source:
+                raise ArchiveError(
+                    f"{part.table}: the staged copy has {total(staged)} ({_outcomes(staged)}), but PostgreSQL has "
+                    f"{whole} ({_outcomes(source)}); nothing was changed"
+                )
+            staged_files = [f for f in files.files_under(staging) if f.name.startswith("part-")]
+            try:
+                _remove_copies(files, day_dir, part.tag)
+                moved = _move_into_place(files, staged_files, day_dir, part)
+                _record_manifest(files, day_dir, part, source, moved)
+            except Exception:
+                # leave nothing half-moved behind; if this fails too, the next run replaces it
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    _remove_copies(files, day_dir, part.tag)
+                raise
+        finally:
+            with contextlib.suppress(Exception):  # else the next run clears the staging area
+                files.delete(staging)
+    _drop_partition(database_url, part, source, lock_timeout=lock_timeout)
+    return ArchivedDay(
+        partition=part.table,
+        day=part.day,
+        fingerprint=whole,
+        outcomes=source,
+        path=day_dir,
+        files=tuple(sorted(moved)),
+        seconds=time.monotonic() - started,
+    )
+
+
+def _outcomes(fingerprints: Fingerprints) -> str:
+    return ", ".join(f"{o} {f.rows:,}" for o, f in sorted(fingerprints.items())) or "no rows"
+
+
+def _drop_partition(database_url: str, part: _Partition, archived: Fingerprints, *, lock_timeout: float) -> None:
+    """Detaches and drops the partition if it still holds exactly what was archived; else changes nothing."""
+    table = part.table
+    try:
+        with psycopg.connect(database_url, application_name=APPLICATION) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+            # Attempts are recorded with the time they finished, so nothing should insert into a past
+            # day; but a finish that straddled midnight, or a hand-made INSERT, can. SHARE blocks
+            # writers until the drop commits and waits for those in flight; then recount: rows the
+            # copy does not have abort the drop. (Writers waiting on the partition afterwards are
+            # routed to completed_job_default once it is gone.)
+            conn.execute(f"LOCK TABLE fairqueue.{table} IN SHARE MODE")
+            (oid,) = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f"fairqueue.{table}",)).fetchone() or (None,)
+            if oid != part.oid:
+                raise ArchiveError(f"{table} was dropped and created again while it was being archived; run again")
+            now = sql_fingerprints(conn, table)
+            if now != archived:
+                raise ArchiveError(
+                    f"{table} changed while it was being archived ({total(archived)} archived, {total(now)} now): "
+                    "it stays in PostgreSQL; run the archive again"
+                )
+            conn.execute(f"ALTER TABLE fairqueue.completed_job DETACH PARTITION fairqueue.{table}")
+            conn.execute(f"DROP TABLE fairqueue.{table}")
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+        raise ArchiveError(
+            f"the lock to drop {table} was not granted within {lock_timeout:g} s (a long transaction on "
+            f"fairqueue.completed_job?): it stays in PostgreSQL, and the next run replaces its copy in the archive "
+            f"({str(exc).strip().splitlines()[0]})"
+        ) from None
+
+
+# -- the whole run ----------------------------------------------------------------------------------------
+
+
+def archive_history(
+    database_url: str,
+    *,
+    older_than: str | timedelta,
+    to: str,
+    master: str | None = None,
+    spark: SparkSession | None = None,
+    on_day: Callable[[ArchivedDay], object] | None = None,
+    lock_timeout: float = DROP_LOCK_TIMEOUT,
+) -> ArchiveReport:
+    """Archives every daily history partition whose day ended more than ``older_than`` ago to Parquet
+    under ``to`` (a local path or a Hadoop-compatible URI), oldest first, and drops it from PostgreSQL.
+
+    ``spark``: a session to use (else one is started on ``master``). ``on_day(ArchivedDay)`` is called
+    after each day is safely archived and dropped. Raises :class:`ArchiveError` (or
+    :class:`~fairqueue.errors.ConfigurationError`) when it stops; the day it was working on is then
+    still in PostgreSQL, and the days before it are archived.
+    """
+    age = parse_duration(older_than)
+    url = to_libpq(database_url)
+    jdbc_target(url)  # a unix-socket URL fails here, before anything starts
+    target = _target_uri(to)
+    try:
+        conn = psycopg.connect(url, autocommit=True, application_name=APPLICATION)
+    except psycopg.OperationalError as exc:
+        raise ConfigurationError(f"cannot connect to the database {redact(url)}: {exc}".strip()) from None
+    with conn:
+        row = conn.execute("SELECT now() - %s::interval, pg_try_advisory_lock(%s, %s)", (age, *LOCK_KEY)).fetchone()
+        assert row is not None
+        cutoff, locked = row
+        if not locked:
+            raise ArchiveError("another fairqueue archive is running on this database; try again when it is done")
+        report = ArchiveReport(cutoff=cutoff, target=target)
+        report.default_partition_rows, report.default_partition_since = _old_default_rows(conn, cutoff)
+        if report.default_partition_rows:
+            log.warning(
+                "fairqueue archive: %d rows older than the cutoff are in fairqueue.completed_job_default; "
+                "they are not archived",
+                report.default_partition_rows,
+            )
+        partitions = _old_partitions(conn, cutoff)
+        if not partitions:
+            return report
+        opened: list[_Files] = []
+
+        def target_files() -> _Files:  # Spark and the target, the first time a partition has rows
+            if not opened:
+                files = _Files(spark if spark is not None else _start_spark(master), target)
+                _check_writable(files)
+                files.delete(files.join(STAGING))  # what a killed run left (we hold the lock)
+                opened.append(files)
+            return opened[0]
+
+        for part in partitions:
+            try:
+                done = _archive_partition(url, target_files, part, lock_timeout=lock_timeout)
+            except (FairqueueError, psycopg.Error):
+                raise
+            except Exception as exc:
+                raise ArchiveError(
+                    f"archiving {part.table} failed, its rows stay in PostgreSQL: {spark_message(exc)}"
+                ) from exc
+            log.info("fairqueue archive: %s archived to %s (%s)", part.table, done.path or "-", done.fingerprint)
+            report.archived.append(done)
+            if on_day is not None:
+                on_day(done)
+        if opened:
+            opened[0].delete(opened[0].join(STAGING))
+        return report
+
+
+def _start_spark(master: str | None) -> SparkSession:
+    try:
+        return spark_session(master, app_name=APPLICATION, config={"spark.ui.showConsoleProgress": "false"})
+    except FairqueueError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(
+            f"could not start Spark (master {master or 'local[*]'}): {spark_message(exc)}"
+        ) from exc
+
+
 def run_command(args: Any) -> int:
-    """``fairqueue archive``."""
+    """``fairqueue archive``: one line per day archived, then a summary."""
     from fairqueue.urls import resolve
 
+    age = parse_duration(args.older_than)  # before anything else: a typo fails fast
     url = resolve(args.database_url)
 
-    def report(day: ArchivedDay) -> None:
-        outcomes = ", ".join(f"{k} {v:,}" for k, v in sorted(day.by_outcome.items())) or "empty"
-        print(f"archived {day.partition} ({day.day}): {day.fingerprint} ({outcomes}) in {day.seconds:.1f} s")
+    def report_day(day: ArchivedDay) -> None:
+        if day.fingerprint.rows:
+            print(
+                f"archived {day.partition} ({day.day}): {day.fingerprint} ({_outcomes(day.outcomes)}) "
+                f"in {day.seconds:.1f} s"
+            )
+        else:
+            print(f"dropped {day.partition} ({day.day}): it was empty")
 
-    result = archive_history(url, older_than=args.older_than, to=args.to, master=args.master, on_day=report)
+    result = archive_history(url, older_than=age, to=args.to, master=args.master, on_day=report_day)
     if not result.archived:
         print(f"nothing to archive: no history partition ends before {result.cutoff:%Y-%m-%d %H:%M} UTC")
     else:

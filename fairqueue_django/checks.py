@@ -28,12 +28,19 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="fairqueue.E002",
             )
         ]
+    # By the backend's vendor, not its ENGINE string: PostGIS, django-tenants and other backends built
+    # on Django's postgresql one are PostgreSQL too. Making the wrapper opens no connection.
     engine = connections.settings[settings.database].get("ENGINE", "")
-    if engine != "django.db.backends.postgresql":
+    try:
+        vendor = connections[settings.database].vendor
+    except ImproperlyConfigured:  # the ENGINE module cannot be imported (Django explains why when used)
+        vendor = None
+    if vendor != "postgresql":
         return [
             checks.Error(
                 f"fairqueue needs PostgreSQL; database {settings.database!r} uses {engine or 'no ENGINE'}",
-                hint="set ENGINE to 'django.db.backends.postgresql' (with psycopg 3 installed)",
+                hint="set ENGINE to 'django.db.backends.postgresql' (with psycopg 3 installed) "
+                "or a backend built on it",
                 id="fairqueue.E003",
             )
         ]

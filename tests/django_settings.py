@@ -23,6 +23,8 @@ DATABASES = {
     "default": _database(os.environ["FAIRQUEUE_TEST_DJANGO_URL"]),
     "other": _database(os.environ["FAIRQUEUE_TEST_DJANGO_OTHER_URL"]),
     "lite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    # the default database through a backend that subclasses Django's PostgreSQL one (as PostGIS does)
+    "custom": _database(os.environ["FAIRQUEUE_TEST_DJANGO_URL"]) | {"ENGINE": "tests.django_pg_backend"},
 }
 INSTALLED_APPS = [
     "django.contrib.contenttypes",

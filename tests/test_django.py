@@ -174,6 +174,18 @@ def test_misconfiguration_is_explained_by_a_check(django_url: str, setting: dict
         assert expected in _check_ids()
 
 
+def test_a_backend_built_on_djangos_postgresql_passes_the_checks(django_url: str) -> None:
+    """PostGIS, django-tenants and the like subclass Django's PostgreSQL wrapper under another ENGINE."""
+    from tests.django_pg_backend.base import DatabaseWrapper
+
+    assert isinstance(connections["custom"], DatabaseWrapper)
+    with override_settings(FAIRQUEUE={"DATABASE": "custom"}):
+        assert _check_ids(["custom"]) == set()  # no E003, and W001 read the schema through that backend
+    with override_settings(FAIRQUEUE={"DATABASE": "lite"}):
+        [error] = [m for m in checks.run_checks() if m.id == "fairqueue.E003"]
+    assert "django.db.backends.sqlite3" in error.msg
+
+
 def test_a_database_without_the_schema_gets_a_warning(django_url: str, other_database: str) -> None:
     with override_settings(FAIRQUEUE={"DATABASE": "other"}):
         messages = [m for m in checks.run_checks(databases=["other"]) if m.id == "fairqueue.W001"]

@@ -23,7 +23,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin import ActionLocation
+from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR
@@ -768,6 +768,48 @@ def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
     return current
 
 
+#: A channel row's settings before anyone configured it (the table's defaults).
+CHANNEL_DEFAULTS: dict[str, Any] = {
+    "weight": 1,
+    "max_concurrency": None,
+    "rate_limit": None,
+    "rate_per_second": None,
+    "rate_burst": 1.0,
+    "paused": False,
+    "active": False,
+    "running": 0,
+    "vtime": None,
+    "served_at": None,
+    "tokens": None,
+    "tokens_at": None,
+    "throttled_until": None,
+    "created_at": None,
+    "eligible": False,
+}
+
+
+def unconfigured_channel(name: str) -> Channel | None:
+    """A channel that has live jobs but no row yet, as an unsaved Channel with the default settings
+    (and the counts ``with_counts`` adds); None if no live job names it.
+
+    The row appears when a worker first serves the channel or someone configures it, so a new
+    tenant's flood has none until then. Ready jobs are counted on the index on (channel, job_id);
+    only a channel without ready or running jobs makes it read the job table (up to its first job).
+    """
+    if not name or len(name) > 200 or "\x00" in name:
+        return None
+    # each count on its partial index: ready jobs by (channel, job_id), running ones by worker
+    backlog = RunningJob.objects.filter(channel=name, worker_id__isnull=True).count()
+    running = RunningJob.objects.filter(channel=name, worker_id__isnull=False).count()
+    if not backlog and not running and not Job.objects.filter(channel=name).exists():
+        return None
+    channel = Channel(name=name, **CHANNEL_DEFAULTS)
+    channel.backlog = backlog
+    channel.running_jobs = running
+    channel.scheduled_jobs = ScheduledJob.objects.filter(channel=name).count()
+    return channel
+
+
 class ChannelLimitsForm(forms.ModelForm):
     """The settings configure_channel takes. Each field carries the value it had when the page was
     drawn (show_hidden_initial), so saving writes only what the user changed: a pause from another
@@ -842,6 +884,10 @@ class ChannelAdmin(QueueAdmin):
     )
     list_filter = ("paused", "active")
     search_fields = ("name",)
+    search_help_text = (
+        "Part of a channel name. A channel with jobs that no worker has served yet has no settings and is "
+        "not listed: search its exact name, or open it from the Queue overview."
+    )
     ordering = ("name",)
     actions = ("pause_channels", "resume_channels")
     fieldsets = (
@@ -891,6 +937,39 @@ class ChannelAdmin(QueueAdmin):
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).with_counts()
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Channel | None:
+        channel = super().get_object(request, object_id, from_field)
+        if channel is None and from_field is None:
+            channel = unconfigured_channel(object_id)  # jobs but no row yet: shown with the defaults
+        return channel
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj._state.adding:
+            return fieldsets
+        note = (
+            "No worker has served this channel yet and nobody configured it: it runs with the defaults "
+            "below. Saving or pausing creates its settings (fairqueue.configure_channel)."
+        )
+        return [
+            (title, {**options, "description": note}) if title == "Limits" else (title, options)
+            for title, options in fieldsets
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        term = request.GET.get(SEARCH_VAR, "").strip()
+        if term and not Channel.objects.filter(name=term).exists() and unconfigured_channel(term) is not None:
+            self.message_user(
+                request,
+                format_html(
+                    "Channel {} has live jobs but no settings yet, so it is not listed: {}.",
+                    term,
+                    admin_link("admin:fairqueue_channel_change", term, "open it to pause it or set limits"),
+                ),
+                messages.INFO,
+            )
+        return super().changelist_view(request, extra_context)
+
     @admin.display(description="backlog (ready)", ordering="backlog")
     def backlog(self, obj: Channel) -> Any:
         query = urlencode({"channel": obj.name, "status": "ready"})
@@ -915,6 +994,10 @@ class ChannelAdmin(QueueAdmin):
         if not self.has_change_permission(request):
             raise PermissionDenied
         names = list(queryset.order_by("name").values_list("name", flat=True)[: MAX_ACTION_ITEMS + 1])
+        if not names and f"{ActionLocation.CHANGE_FORM.value}-action" in request.POST:
+            # the page of a channel that has jobs but no row yet (get_object showed it with the defaults)
+            selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            names = [name for name in selected[:1] if unconfigured_channel(name) is not None]
         if self._too_many(request, len(names), "channels"):
             return
         verb = "paused" if paused else "resumed"
@@ -1151,11 +1234,24 @@ class QueueOverviewAdmin(admin.ModelAdmin):
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        data = views.overview(conf.get().database)
+        # each channel links to its page (also one without a row yet: ChannelAdmin shows it with the
+        # defaults, so a new tenant's flood can be paused from here) and its ready jobs to the job list
+        channels_admin = self.admin_site.get_model_admin(Channel)
+        can_view_channels = channels_admin.has_view_or_change_permission(request)
+        jobs = reverse("admin:fairqueue_job_changelist")
+        for row in data["channels"]:
+            row["ready_url"] = f"{jobs}?{urlencode({'channel': row['name'], 'status': 'ready'})}"
+            row["url"] = (
+                reverse("admin:fairqueue_channel_change", args=[quote(row["name"])])
+                if can_view_channels
+                else f"{jobs}?{urlencode({'channel': row['name']})}"
+            )
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue overview",
             "opts": self.opts,
             "app_label": self.opts.app_label,
-            **views.overview(conf.get().database),
+            **data,
         }
         return TemplateResponse(request, "admin/fairqueue/overview.html", context)

@@ -541,6 +541,48 @@ def test_saving_an_old_page_does_not_undo_a_pause_made_meanwhile(
     assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 9, True)
 
 
+def test_a_channel_with_jobs_but_no_row_yet_can_be_paused_and_limited(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    """A new tenant's flood: jobs in a channel no worker has served, so it has no row (no settings)."""
+    client = login("root", superuser=True)
+    for n in range(3):
+        fairqueue_django.enqueue("flood.job", {"n": n}, channel="new tenant/1")
+    fairqueue_django.enqueue("later.job", channel="new-delayed", delay=3600)
+    rows = "SELECT name FROM fairqueue.channel WHERE name IN ('new tenant/1', 'new-delayed')"
+    assert dj.execute(rows).fetchall() == []
+
+    # the overview links it to its page, which shows the counts and the default settings
+    overview = _text(client.get(f"{ADMIN}/queueoverview/"))
+    url = f"{ADMIN}/channel/new%20tenant_2F1/change/"
+    assert f'<a href="{url}">new tenant/1</a>' in overview
+    response = client.get(url)
+    assert response.status_code == 200
+    page = _text(response)
+    assert "No worker has served this channel yet" in page and 'name="weight" value="1"' in page
+    assert response.context["original"].backlog == 3
+    # the list does not show it, but a search for its exact name points to it
+    response = client.get(f"{ADMIN}/channel/", {"q": "new tenant/1"})
+    assert _rows(response) == []
+    assert any("has live jobs but no settings yet" in m and url in m for m in _messages(response))
+
+    # pause from its page: the row is created, paused, with the other settings at their defaults
+    response = client.post(url, _action("pause_channels", "new tenant/1", change_form=True), follow=True)
+    assert "Channel new tenant/1: paused" in _messages(response)
+    assert _channel(dj, "new tenant/1") == (None, None, 1.0, 1, True)
+    assert not {j.channel for j in fairqueue.claim_batch(dj, queue.worker, 100)} & {"new tenant/1"}
+
+    # a channel with only a delayed job: its limits saved through the form
+    url = f"{ADMIN}/channel/new-delayed/change/"
+    form = client.get(url).context["adminform"].form
+    response = client.post(url, _form_data(form, max_concurrency=2, rate_limit="5/m"), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response)), _messages(response)
+    assert _channel(dj, "new-delayed") == (2, "5/m", 1.0, 1, False)
+    # a name no job uses is still no channel
+    response = client.get(f"{ADMIN}/channel/nobody-here/change/", follow=True)
+    assert any("doesn\u2019t exist" in m for m in _messages(response))
+
+
 # -- permissions --------------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied, ValidationError
 from django.db import DatabaseError, connections, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.fields.json import KT
@@ -207,17 +207,20 @@ def _parse_bound(text: str, *, end: bool) -> datetime:
         day: date | None = date.fromisoformat(text) if len(text) <= 10 else None
     except ValueError:
         day = None
-    if day is not None:
-        value = datetime.combine(day + timedelta(days=1) if end else day, time.min)
-    else:
-        try:
-            value = datetime.fromisoformat(text)
-        except ValueError as exc:
-            raise IncorrectLookupParameters(f"not a date or date and time: {text!r}") from exc
-    if settings.USE_TZ and timezone.is_naive(value):
-        value = timezone.make_aware(value)
-    elif not settings.USE_TZ and timezone.is_aware(value):
-        value = timezone.make_naive(value)
+    try:
+        if day is not None:
+            value = datetime.combine(day + timedelta(days=1) if end else day, time.min)
+        else:
+            try:
+                value = datetime.fromisoformat(text)
+            except ValueError as exc:
+                raise IncorrectLookupParameters(f"not a date or date and time: {text!r}") from exc
+        if settings.USE_TZ and timezone.is_naive(value):
+            value = timezone.make_aware(value)
+        elif not settings.USE_TZ and timezone.is_aware(value):
+            value = timezone.make_naive(value)
+    except OverflowError as exc:  # the day after 9999-12-31, or a time zone shift past the calendar's ends
+        raise IncorrectLookupParameters(f"date out of range: {text!r}") from exc
     return value
 
 
@@ -308,13 +311,45 @@ class FinishedFilter(admin.ListFilter):
 # -- shared admin behaviour ---------------------------------------------------------------------------
 
 
+def _has_nul(request: HttpRequest) -> bool:
+    """Whether a parameter of the request holds a NUL character (PostgreSQL text cannot: any query
+    with it fails)."""
+    return any(
+        "\x00" in key or any("\x00" in value for value in values)
+        for params in (request.GET, request.POST)
+        for key, values in params.lists()
+    )
+
+
 class QueueAdmin(admin.ModelAdmin):
     """Nothing is added or deleted, lists are never counted twice, and no facet counts (each would be
-    another COUNT over the queue)."""
+    another COUNT over the queue).
+
+    Crafted input gets a 4xx, not a 500: a NUL character in a list's parameters (which no text
+    column can hold) is a bad request, an object address with one is no object, and action
+    selections that are not keys of the model are refused."""
 
     show_facets = admin.ShowFacets.NEVER
     show_full_result_count = False
     list_per_page = 50
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if _has_nul(request):
+            raise BadRequest("a parameter holds a NUL character")
+        return super().changelist_view(request, extra_context)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        if "\x00" in object_id:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def response_action(self, request: HttpRequest, queryset: Any, *args: Any, **kwargs: Any) -> Any:
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                self.opts.pk.to_python(value)
+            except ValidationError as exc:
+                raise BadRequest("a selected item is not a key of this list") from exc
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -517,7 +552,10 @@ def parse_attempt_key(text: str) -> dict[str, Any] | None:
     match = _KEY.fullmatch(text)
     if match is None:
         return None
-    finished = _EPOCH + timedelta(microseconds=int(match[4]))
+    try:
+        finished = _EPOCH + timedelta(microseconds=int(match[4]))
+    except OverflowError:  # beyond the years 1 to 9999: no row has it
+        return None
     return {
         "job_id": int(match[1]),
         "attempt": int(match[2]),
@@ -958,6 +996,8 @@ class ChannelAdmin(QueueAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         term = request.GET.get(SEARCH_VAR, "").strip()
+        if _has_nul(request):
+            raise BadRequest("a parameter holds a NUL character")
         if term and not Channel.objects.filter(name=term).exists() and unconfigured_channel(term) is not None:
             self.message_user(
                 request,

@@ -583,6 +583,62 @@ def test_a_channel_with_jobs_but_no_row_yet_can_be_paused_and_limited(
     assert any("doesn\u2019t exist" in m for m in _messages(response))
 
 
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("completedjob/?finished_until=9999-12-31", "refused"),  # the day after is past year 9999
+        ("completedjob/?finished_from=9999-12-31", 200),
+        ("completedjob/1-1-succeeded-99999999999999999999/change/", "not found"),  # microseconds past 9999
+        ("completedjob/1-1-succeeded--99999999999999999999/change/", "not found"),
+        ("completedjob/99999999999999999999-1-succeeded-0/change/", "not found"),
+        ("job/?channel=%00", 400),  # PostgreSQL text cannot hold a NUL
+        ("job/?kind=%00", 400),
+        ("job/?q=%00", 400),
+        ("completedjob/?kind=%00", 400),
+        ("completedjob/?channel=%00", 400),
+        ("completedjob/?outcome__exact=%00", 400),
+        ("channel/?q=%00", 400),
+        ("channel/%00/change/", "not found"),
+        ("channel/%00/history/", "not found"),
+        ("periodicschedule/%00/change/", "not found"),
+        ("job/99999999999999999999/change/", "not found"),
+    ],
+)
+def test_crafted_addresses_are_refused_or_not_found_never_a_server_error(
+    login: MakeClient, queue: Queue, path: str, expected: int | str
+) -> None:
+    client = login("root", superuser=True)
+    client.raise_request_exception = False
+    response = client.get(f"{ADMIN}/{path}")
+    if expected == "refused":  # IncorrectLookupParameters: the admin's "?e=1" redirect
+        assert response.status_code == 302 and response["Location"].endswith("?e=1")
+    elif expected == "not found":
+        assert response.status_code == 302
+        assert any("doesn\u2019t exist" in m for m in _messages(client.get(response["Location"])))
+    else:
+        assert response.status_code == expected
+
+
+@pytest.mark.parametrize(
+    ("path", "action", "selected"),
+    [
+        ("job/", "cancel_jobs", "\x00"),
+        ("job/", "cancel_jobs", "not-a-number"),
+        ("completedjob/", "retry_jobs", "\x00"),
+        ("channel/", "pause_channels", "\x00"),
+        ("periodicschedule/", "pause_schedules", "\x00"),
+    ],
+)
+def test_crafted_action_selections_are_bad_requests(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any], path: str, action: str, selected: str
+) -> None:
+    client = login("root", superuser=True)
+    client.raise_request_exception = False
+    before = _state(dj)
+    assert client.post(f"{ADMIN}/{path}", _action(action, selected)).status_code == 400
+    assert _state(dj) == before
+
+
 # -- permissions --------------------------------------------------------------------------------------------
 
 

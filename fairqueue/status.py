@@ -22,8 +22,15 @@ ERROR_WIDTH = 80
 _EMPTY = "-"
 
 
+def _utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC time. A naive one is taken as UTC: a driver set to return naive times
+    (Django with USE_TZ = False) gives the session time zone's wall clock, so callers that may get
+    naive times read them with the session in UTC (fairqueue_django.views does)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat()
+    return None if value is None else _utc(value).isoformat()
 
 
 def _maybe_int(text: str | None) -> int | str | None:
@@ -175,7 +182,8 @@ def collect_periodic(db: object) -> list[dict[str, Any]]:
         sql.PERIODIC_LIST
     ):
         try:
-            upcoming = None if paused else CronSchedule.parse(cron, tz).next_after(max(now, last_tick or now))
+            since = now if last_tick is None else max(now, _utc(last_tick))
+            upcoming = None if paused else CronSchedule.parse(cron, tz).next_after(since)
         except (ConfigurationError, ValueError):
             upcoming = None
         out.append(

@@ -106,9 +106,15 @@ def _when(value: datetime | None) -> str:
     """A time to the second, in the current time zone (the admin's default format stops at minutes)."""
     if value is None:
         return EMPTY
-    if settings.USE_TZ:
+    if timezone.is_aware(value):  # naive ones (USE_TZ = False) are TIME_ZONE's wall clock already
         value = timezone.localtime(value)
     return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _aware(value: datetime) -> datetime:
+    """A time read from the database as an aware one (with USE_TZ = False Django reads naive times,
+    TIME_ZONE's wall clock)."""
+    return timezone.make_aware(value, timezone.get_default_timezone()) if timezone.is_naive(value) else value
 
 
 def time_field(name: str, description: str) -> Any:
@@ -1197,7 +1203,7 @@ class PeriodicScheduleAdmin(QueueAdmin):
 
     @admin.display(description="last tick", ordering="last_tick")
     def last_run(self, obj: PeriodicSchedule) -> str:
-        return "-" if obj.last_tick is None else timezone.localtime(obj.last_tick).strftime("%Y-%m-%d %H:%M:%S")
+        return _when(obj.last_tick)
 
     @admin.display(description="next tick")
     def next_run(self, obj: PeriodicSchedule) -> str:
@@ -1206,13 +1212,14 @@ class PeriodicScheduleAdmin(QueueAdmin):
 
         if obj.paused:
             return "paused"
+        now = datetime.now(UTC)
         try:
             upcoming = CronSchedule.parse(obj.cron, obj.timezone).next_after(
-                max(timezone.now(), obj.last_tick or timezone.now())
+                now if obj.last_tick is None else max(now, _aware(obj.last_tick))
             )
         except (ConfigurationError, ValueError):
             return "?"
-        return timezone.localtime(upcoming).strftime("%Y-%m-%d %H:%M:%S")
+        return _when(upcoming)
 
     @admin.display(description="last job")
     def last_job(self, obj: PeriodicSchedule) -> str:

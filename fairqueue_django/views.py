@@ -11,7 +11,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
+from django.utils import timezone
 
 from fairqueue.status import collect_status, duration
 
@@ -45,17 +47,35 @@ VALUE_WIDTH = 80
 
 
 def _read(alias: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
+    """collect_status and the wait percentiles, in one snapshot.
+
+    The session's time zone is UTC meanwhile: with USE_TZ = False Django reads naive times in the
+    session's zone, and collect_status takes a naive time as UTC."""
     db = connections[alias]
     outermost = not db.in_atomic_block
     with transaction.atomic(using=alias):
-        if outermost:  # inside a caller's transaction (ATOMIC_REQUESTS) its snapshot rules
-            with db.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        status = collect_status(db, since_hours=SINCE_HOURS, failures=FAILURES)
         with db.cursor() as cursor:
-            cursor.execute(WAIT_PERCENTILES, {"hours": SINCE_HOURS})
-            waits = cursor.fetchall()
+            if outermost:  # inside a caller's transaction (ATOMIC_REQUESTS) its snapshot rules
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cursor.execute("SELECT current_setting('TimeZone'), set_config('TimeZone', 'UTC', true)")
+            zone = cursor.fetchone()[0]
+        try:
+            status = collect_status(db, since_hours=SINCE_HOURS, failures=FAILURES)
+            with db.cursor() as cursor:
+                cursor.execute(WAIT_PERCENTILES, {"hours": SINCE_HOURS})
+                waits = cursor.fetchall()
+        finally:
+            if not outermost:  # the caller's transaction goes on in its own time zone
+                with db.cursor() as cursor:
+                    cursor.execute("SELECT set_config('TimeZone', %s, true)", [zone])
     return status, waits
+
+
+def _local(iso: str) -> datetime:
+    """A time from collect_status (ISO 8601, UTC) as Django shows times: aware with USE_TZ, else the
+    wall clock of TIME_ZONE."""
+    value = datetime.fromisoformat(iso)
+    return value if settings.USE_TZ else timezone.make_naive(value, timezone.get_default_timezone())
 
 
 def chart(channels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,6 +138,6 @@ def overview(alias: str) -> dict[str, Any]:
         "chart": chart(channels),
         "workers": workers,
         "workers_expired": sum(1 for w in workers if w["expired"]),
-        "generated_at": datetime.fromisoformat(status["generated_at"]),
-        "failures": [{**f, "finished_at": datetime.fromisoformat(f["finished_at"])} for f in status["failures"]],
+        "generated_at": _local(status["generated_at"]),
+        "failures": [{**f, "finished_at": _local(f["finished_at"])} for f in status["failures"]],
     }

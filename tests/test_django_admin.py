@@ -639,6 +639,49 @@ def test_crafted_action_selections_are_bad_requests(
     assert _state(dj) == before
 
 
+def test_every_page_works_without_time_zone_support(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    """USE_TZ = False: Django reads naive times (in TIME_ZONE) from the database."""
+    from zoneinfo import ZoneInfo
+
+    from django.test.utils import override_settings
+
+    dj.execute(
+        "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'Europe/Paris', 'reports.nightly', 'reports', "
+        "'{}'::jsonb, 'skip')"
+    )
+    dj.execute("UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '1 hour'")
+    client = login("root", superuser=True)
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
+        for page in [*_pages(queue, dj), f"{ADMIN}/periodicschedule/", f"{ADMIN}/periodicschedule/nightly/change/"]:
+            assert client.get(page).status_code == 200, page
+        response = client.get(f"{ADMIN}/queueoverview/")
+        [failure] = [f for f in response.context["failures"] if f["job_id"] == queue.failed]
+        [(finished,)] = dj.execute(
+            "SELECT finished_at FROM fairqueue.completed_job WHERE job_id = %s", (queue.failed,)
+        ).fetchall()
+        # the same instant, not shifted by a time zone, shown as TIME_ZONE's wall clock
+        assert failure["finished_at"] == finished.astimezone(ZoneInfo("Asia/Tokyo")).replace(tzinfo=None)
+        assert response.context["status"]["periodic"][0]["last_tick"] is not None
+        page = _text(client.get(f"{ADMIN}/periodicschedule/"))
+        [(tick,)] = dj.execute("SELECT last_tick AT TIME ZONE 'Asia/Tokyo' FROM fairqueue.periodic_schedule")
+        assert tick.strftime("%Y-%m-%d %H:%M:%S") in page  # shown in TIME_ZONE
+
+
+def test_the_overview_inside_a_callers_transaction_leaves_its_time_zone_alone(queue: Queue) -> None:
+    """ATOMIC_REQUESTS: the overview reads in the request's transaction, with UTC only meanwhile."""
+    from django.db import transaction
+
+    from fairqueue_django import views
+
+    with transaction.atomic(), fairqueue_django.connection().cursor() as cursor:
+        cursor.execute("SET LOCAL TIME ZONE 'America/Lima'")
+        assert views.overview("default")["jobs"]["ready"] == 3
+        cursor.execute("SHOW TimeZone")
+        assert cursor.fetchone() == ("America/Lima",)
+
+
 # -- permissions --------------------------------------------------------------------------------------------
 
 

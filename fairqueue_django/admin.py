@@ -1221,12 +1221,14 @@ class PeriodicScheduleAdmin(QueueAdmin):
             return "?"
         return _when(upcoming)
 
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).with_last_job_status()
+
     @admin.display(description="last job")
     def last_job(self, obj: PeriodicSchedule) -> str:
         if obj.last_job_id is None:
             return "-"
-        info = fairqueue.get_job(connections[conf.get().database], obj.last_job_id)
-        return f"{obj.last_job_id} ({info.status if info else 'gone'})"
+        return f"{obj.last_job_id} ({getattr(obj, 'last_job_status', None) or 'gone'})"
 
     @admin.display(description="args")
     def pretty_args(self, obj: PeriodicSchedule) -> str:

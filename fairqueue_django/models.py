@@ -140,6 +140,20 @@ def _count(qs: Any) -> SubqueryCount:
     return SubqueryCount(qs.order_by().values("pk"))
 
 
+def live_status(job_id: Any) -> Case:
+    """Where the live job ``job_id`` (an OuterRef) is, as fairqueue.get_job says it: ready, running,
+    scheduled, blocked or waiting. Primary-key probes of the stage tables."""
+    running = RunningJob.objects.filter(job_id=job_id)
+    return Case(
+        When(Exists(running.filter(worker_id__isnull=False)), then=Value("running")),
+        When(Exists(running), then=Value("ready")),
+        When(Exists(JobDependency.objects.filter(job_id=job_id)), then=Value("blocked")),
+        When(Exists(FifoWaiting.objects.filter(job_id=job_id)), then=Value("waiting")),
+        default=Value("scheduled"),
+        output_field=models.TextField(),
+    )
+
+
 class JobQuerySet(models.QuerySet):
     def with_state(self) -> Any:
         """Annotates ``status`` (ready, running, scheduled, blocked, waiting), ``attempt`` (attempts
@@ -148,14 +162,7 @@ class JobQuerySet(models.QuerySet):
         running = RunningJob.objects.filter(job_id=OuterRef("id"))
         scheduled = ScheduledJob.objects.filter(job_id=OuterRef("id"))
         return self.annotate(
-            status=Case(
-                When(Exists(running.filter(worker_id__isnull=False)), then=Value("running")),
-                When(Exists(running), then=Value("ready")),
-                When(Exists(JobDependency.objects.filter(job_id=OuterRef("id"))), then=Value("blocked")),
-                When(Exists(FifoWaiting.objects.filter(job_id=OuterRef("id"))), then=Value("waiting")),
-                default=Value("scheduled"),
-                output_field=models.TextField(),
-            ),
+            status=live_status(OuterRef("id")),
             attempt=Coalesce(
                 Subquery(running.values("attempt")[:1]), Subquery(scheduled.values("attempt")[:1]), Value(0)
             ),
@@ -346,8 +353,29 @@ class Worker(ReadOnlyModel):
         return f"worker {self.id} ({self.name})"
 
 
+class PeriodicScheduleQuerySet(models.QuerySet):
+    def with_last_job_status(self) -> Any:
+        """Annotates ``last_job_status``: what fairqueue.get_job would say of ``last_job_id`` (its
+        stage while live, else its final outcome; None if there is no such job), in the same query."""
+        job = OuterRef("last_job_id")
+        final_outcome = (
+            CompletedJob.objects.filter(job_id=job, final=True).order_by("-finished_at", "-attempt").values("outcome")
+        )
+        return self.annotate(
+            last_job_status=Case(
+                When(last_job_id__isnull=True, then=Value(None)),
+                When(Exists(Job.objects.filter(id=job)), then=live_status(job)),
+                default=Subquery(final_outcome[:1]),
+                output_field=models.TextField(),
+            )
+        )
+
+
 class PeriodicSchedule(ReadOnlyModel):
-    """A cron schedule the maintenance role fires (fairqueue.periodic); paused without a deploy."""
+    """A cron schedule the maintenance role fires (fairqueue.periodic); paused without a deploy.
+
+    ``PeriodicSchedule.objects.with_last_job_status()`` adds the state of its last job.
+    """
 
     name = models.TextField(primary_key=True)
     cron = models.TextField()
@@ -361,6 +389,8 @@ class PeriodicSchedule(ReadOnlyModel):
     last_job_id = models.BigIntegerField(null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+
+    objects: ClassVar[Any] = QueueManager.from_queryset(PeriodicScheduleQuerySet)()
 
     class Meta:
         managed = False

@@ -913,3 +913,42 @@ def test_the_schedules_page_shows_them_and_pauses_with_permission(
     admin_client.post("/admin/fairqueue/periodicschedule/", forged)
     assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
     assert "paused" in admin_client.get("/admin/fairqueue/periodicschedule/").content.decode()
+
+
+def test_the_schedules_page_reads_each_last_job_in_its_one_query(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    def register(name: str, last_job: int | None = None) -> None:
+        dj.execute(
+            "SELECT fairqueue.register_periodic(%s, '0 2 * * *', 'UTC', 'reports.nightly', 'reports', '{}'::jsonb, "
+            "'skip')",
+            (name,),
+        )
+        dj.execute("UPDATE fairqueue.periodic_schedule SET last_job_id = %s WHERE name = %s", (last_job, name))
+
+    client = login("root", superuser=True)
+
+    def queries() -> tuple[int, str]:
+        with CaptureQueriesContext(connections["default"]) as captured:
+            response = client.get(f"{ADMIN}/periodicschedule/")
+        assert response.status_code == 200
+        return len(captured.captured_queries), _text(response)
+
+    register("a-none")
+    one, _ = queries()
+    live = fairqueue_django.enqueue("reports.nightly", channel="reports")
+    later = fairqueue_django.enqueue("reports.nightly", channel="reports", delay=3600)
+    ended = fairqueue_django.enqueue("reports.nightly", channel="reports")
+    fairqueue.cancel(dj, ended)
+    for name, job in (("b-live", live), ("c-later", later), ("d-ended", ended), ("e-gone", 999_999)):
+        register(name, job)
+    many, page = queries()
+    assert many == one
+    for text in (f"{live} (ready)", f"{later} (scheduled)", f"{ended} (cancelled)", "999999 (gone)"):
+        assert text in page
+    for job_id, status in ((live, "ready"), (later, "scheduled"), (ended, "cancelled")):
+        info = fairqueue_django.get_job(job_id)
+        assert info is not None and info.status == status  # the same as fairqueue.get_job says

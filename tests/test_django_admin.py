@@ -952,3 +952,44 @@ def test_the_schedules_page_reads_each_last_job_in_its_one_query(
     for job_id, status in ((live, "ready"), (later, "scheduled"), (ended, "cancelled")):
         info = fairqueue_django.get_job(job_id)
         assert info is not None and info.status == status  # the same as fairqueue.get_job says
+
+
+def test_a_big_history_window_is_counted_up_to_a_cap_and_paged_on_the_primary_key(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    dj.execute(
+        """
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, error,
+                                             enqueued_at, ready_at, started_at, finished_at)
+        SELECT g, 1, CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'succeeded' END, true, 'bulk.job', 'bulk',
+               CASE WHEN g % 10 = 0 THEN 'boom' END, now() - interval '4 hours', now() - interval '4 hours',
+               now() - interval '4 hours', now() - g * interval '1 second'
+        FROM generate_series(1, 10050) AS g
+        """
+    )
+    dj.execute("ANALYZE fairqueue.completed_job")
+    client = login("root", superuser=True)
+    with CaptureQueriesContext(connections["default"]) as captured:
+        response = client.get(f"{ADMIN}/completedjob/")  # the default window: the last 24 hours
+    assert response.status_code == 200
+    cl = response.context["cl"]
+    assert (cl.paginator.count, cl.paginator.capped, cl.paginator.num_pages) == (10_001, True, 201)
+    [count_sql] = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert "LIMIT 10001" in count_sql
+    page = _text(response)
+    assert "10,000+ finished attempts (history): counting stops there" in page
+    assert "Select all 10,000+ finished attempts" in page
+    assert response.context["selection_note_all"] == "All 10,000+ selected"
+    # newest jobs first, read from the ends of each partition's primary key: no sort of the window
+    assert [r.job_id for r in cl.result_list][:3] == [10_050, 10_049, 10_048]
+    plan = cl.result_list.explain()
+    assert not re.search(r"^\s*(->\s+)?Sort\s+\(", plan, re.MULTILINE), plan
+    assert "Index Scan Backward" in plan, plan
+    # the last page and a narrower filter (exact below the cap)
+    assert _rows(client.get(f"{ADMIN}/completedjob/?p=201"))[0].job_id == 50
+    response = client.get(f"{ADMIN}/completedjob/?outcome__exact=failed")
+    assert response.context["cl"].paginator.count == 1005
+    assert "1,005 finished attempts (history)\n" in _text(response)

@@ -26,6 +26,8 @@ webdriver = pytest.importorskip("selenium.webdriver")
 
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = REPO / "examples" / "django_shop"
@@ -118,6 +120,10 @@ def test_an_admin_logs_in_and_inspects_a_job_in_chromium(site: tuple[str, dict[s
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # a click does not wait for the next page: wait until the index has replaced the login form
+    wait = WebDriverWait(browser, 30)
+    wait.until(expected_conditions.url_to_be(f"{base}/admin/"))
+    wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, 'a[href="/admin/fairqueue/job/"]')))
     assert "fair queue" in browser.find_element(By.TAG_NAME, "body").text.lower()  # CSS upper-cases it
 
     browser.get(f"{base}/admin/fairqueue/job/")
@@ -128,6 +134,9 @@ def test_an_admin_logs_in_and_inspects_a_job_in_chromium(site: tuple[str, dict[s
 
     job_id = data["jobs"][0]
     browser.find_element(By.LINK_TEXT, str(job_id)).click()
+    wait.until(expected_conditions.url_contains(f"/job/{job_id}/change/"))
+    args = wait.until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "pre.fairqueue-json")))
+    assert '"order_id": 1' in args.text  # the pretty-printed arguments: only the job's page has them
     page = browser.find_element(By.TAG_NAME, "body").text
     assert "orders.confirm" in page and "acme" in page
     browser.save_screenshot(str(ARTIFACTS / "admin-job.png"))

@@ -669,6 +669,7 @@ class CompletedJobAdmin(QueueAdmin):
         ("Times", {"fields": ("enqueued", "ready", "started", "finished", "wait", "run_time")}),
         ("Keys", {"fields": ("unique_key", "fifo_key")}),
         ("All attempts of this job", {"fields": ("all_attempts",)}),
+        ("Admin actions on this job", {"fields": ("admin_actions",)}),
     )
     readonly_fields = (
         "job",
@@ -690,6 +691,7 @@ class CompletedJobAdmin(QueueAdmin):
         "unique_key",
         "fifo_key",
         "all_attempts",
+        "admin_actions",
     )
 
     enqueued = time_field("enqueued_at", "enqueued")
@@ -780,6 +782,29 @@ class CompletedJobAdmin(QueueAdmin):
             "{}<p>The job is live: {}</p>",
             table,
             admin_link("admin:fairqueue_job_change", obj.job_id, f"job {obj.job_id}"),
+        )
+
+    @admin.display(description="actions")
+    def admin_actions(self, obj: CompletedJob) -> SafeString | str:
+        """The admin's log of the job (cancel, retry): it is kept against the live job, whose own page
+        and History go when the job ends."""
+        from django.contrib.admin.models import LogEntry
+        from django.contrib.contenttypes.models import ContentType
+
+        entries = (
+            LogEntry.objects.filter(content_type=ContentType.objects.get_for_model(Job), object_id=str(obj.job_id))
+            .select_related("user")
+            .order_by("action_time", "id")
+        )
+        if not entries:
+            return "none"
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{} {}: {}</li>",
+                ((_when(e.action_time), e.user.get_username(), e.get_change_message()) for e in entries),
+            ),
         )
 
     @admin.action(

@@ -993,3 +993,23 @@ def test_a_big_history_window_is_counted_up_to_a_cap_and_paged_on_the_primary_ke
     response = client.get(f"{ADMIN}/completedjob/?outcome__exact=failed")
     assert response.context["cl"].paginator.count == 1005
     assert "1,005 finished attempts (history)\n" in _text(response)
+
+
+def test_a_finished_attempts_page_has_no_history_button_and_lists_the_admins_actions_on_the_job(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/"
+    page = _text(client.get(url))
+    assert "/history/" not in page and "historylink" not in page  # it pointed at a page that does not exist
+    assert "Admin actions on this job" in page
+    # retried from the admin: the log entry is the job's (its live page and History are gone once it ends)
+    client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed))
+    fairqueue.cancel(dj, queue.failed)
+    page = _text(client.get(url))
+    assert f"{USER_PREFIX}root: Retry: retried." in page
+    client.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready))
+    page = _text(client.get(f"{ADMIN}/completedjob/{quote_key(dj, queue.ready)}/change/"))
+    assert f"{USER_PREFIX}root: Cancel: cancelled." in page
+    # a live job's page keeps its History
+    assert f'href="{ADMIN}/job/{queue.running}/history/"' in _text(client.get(f"{ADMIN}/job/{queue.running}/change/"))

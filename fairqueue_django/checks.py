@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from fairqueue_django import conf
+from fairqueue_django.apps import FairqueueConfig
 from fairqueue_django.schema import REVISIONS
 
 MIN_SERVER = 150000
@@ -61,9 +62,23 @@ def check_periodic(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
+def _migrations_pending(connection: Any) -> bool:
+    """Whether some of fairqueue's Django migrations are not applied on ``connection``'s database.
+
+    Then ``migrate`` installs the schema, and W001 would only repeat that (``migrate`` itself runs
+    these checks before migrating: a first ``migrate`` would warn of the very schema it installs)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connection)
+    app_label = FairqueueConfig.label
+    return any(key[0] == app_label and key not in loader.applied_migrations for key in loader.graph.nodes)
+
+
 @checks.register(checks.Tags.database)
 def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Runs with ``manage.py check --database <alias>`` (and before ``migrate``)."""
+    """Runs with ``manage.py check --database <alias>`` (and before ``migrate``). W001: the schema is
+    missing or behind although Django has applied fairqueue's migrations (it was removed or moved
+    down outside Django, e.g. with ``fairqueue migrate --downgrade``)."""
     try:
         alias = conf.get().database
     except ImproperlyConfigured:
@@ -90,7 +105,7 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
             cursor.execute("SELECT version_num FROM fairqueue_alembic_version")
             row = cursor.fetchone()
             current = row[0] if row else None
-    if current != REVISIONS[-1]:
+    if current != REVISIONS[-1] and not _migrations_pending(connection):
         errors.append(
             checks.Warning(
                 f"fairqueue's schema in database {alias!r} is "

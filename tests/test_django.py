@@ -186,10 +186,24 @@ def test_a_backend_built_on_djangos_postgresql_passes_the_checks(django_url: str
     assert "django.db.backends.sqlite3" in error.msg
 
 
-def test_a_database_without_the_schema_gets_a_warning(django_url: str, other_database: str) -> None:
+def test_a_database_whose_schema_went_away_after_migrate_gets_a_warning(django_url: str, other_database: str) -> None:
+    call_command("migrate", "fairqueue", database="other", fake=True, verbosity=0)  # recorded, not installed
     with override_settings(FAIRQUEUE={"DATABASE": "other"}):
         messages = [m for m in checks.run_checks(databases=["other"]) if m.id == "fairqueue.W001"]
-    assert messages and "migrate fairqueue" in (messages[0].hint or "")
+    assert messages and "not installed" in messages[0].msg and "migrate fairqueue" in (messages[0].hint or "")
+
+
+def test_the_first_migrate_does_not_warn_of_the_schema_it_installs(django_url: str, other_database: str) -> None:
+    import io
+
+    with override_settings(FAIRQUEUE={"DATABASE": "other"}):
+        assert "fairqueue.W001" not in _check_ids(["other"])  # migrate installs it: nothing to warn of
+        out, err = io.StringIO(), io.StringIO()
+        call_command("migrate", database="other", skip_checks=False, verbosity=1, stdout=out, stderr=err)
+        assert "W001" not in out.getvalue() + err.getvalue()
+        assert "Applying fairqueue.0001_initial... OK" in out.getvalue()
+        assert _check_ids(["other"]) == set()
+    assert migrations.current_revision(other_database) == migrations.head_revision()
 
 
 # -- manage.py runworker ------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 FAIRQUEUE = {
     "DATABASE": "default",          # the Django database alias holding the queue
     "DEFAULT_CHANNEL": "default",   # channel of jobs enqueued without one
-    "WORKER": {                     # defaults for manage.py runworker (its options override them)
-        "IMPORT": ["myapp.tasks"],
+    "WORKER": {                     # defaults for manage.py runworker (its options override them,
+        "IMPORT": ["myapp.tasks"],  # but --import adds modules to these)
         "CONCURRENCY": 10,
         "LEASE": 10.0,
         "GRACE": 30.0,

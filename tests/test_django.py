@@ -230,6 +230,26 @@ def test_database_url_from_django_settings() -> None:
     )
 
 
+def test_runworker_options_override_settings_and_import_adds_to_them(django_url: str) -> None:
+    from django.core.management import load_command_class
+
+    imports = ["tests.django_tasks"]
+    worker = {"CONCURRENCY": 4, "IMPORT": imports, "LEASE": 20.0, "MAINTENANCE": False}
+    with override_settings(FAIRQUEUE={"WORKER": worker}):
+        parser = load_command_class("fairqueue_django", "runworker").create_parser("manage.py", "runworker")
+    given = parser.parse_args(["--import", "myapp.tasks", "--concurrency", "2", "--lease", "5"])
+    assert (given.imports, given.concurrency, given.lease) == (["tests.django_tasks", "myapp.tasks"], 2, 5.0)
+    assert imports == ["tests.django_tasks"]  # the setting itself is left alone
+    default = parser.parse_args([])
+    assert (default.imports, default.concurrency, default.lease, default.no_maintenance) == (imports, 4, 20.0, True)
+    text = " ".join(parser.format_help().split())
+    assert "jobs run at once (default 4, from FAIRQUEUE['WORKER']['CONCURRENCY'])" in text
+    assert "(default 20.0, from FAIRQUEUE['WORKER']['LEASE'])" in text
+    assert "added to FAIRQUEUE['WORKER']['IMPORT']: tests.django_tasks" in text
+    assert "(FAIRQUEUE['WORKER']['MAINTENANCE'] is False)" in text
+    assert "(default 10)" not in text
+
+
 def test_runworker_runs_orm_handlers_with_fresh_connections(dj: psycopg.Connection[Any], tmp_path: Any) -> None:
     import signal
     import subprocess

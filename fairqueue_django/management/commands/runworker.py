@@ -1,9 +1,12 @@
 """``manage.py runworker``: ``fairqueue worker`` with Django set up, on the FAIRQUEUE database.
 
 Options are those of ``fairqueue worker`` (``--help``); their defaults come from
-``FAIRQUEUE['WORKER']``. Handlers may use the ORM: each job starts and ends with Django's
-``close_old_connections()`` in its thread, as a request does, so a connection past
-``CONN_MAX_AGE`` or broken by a database restart is not reused.
+``FAIRQUEUE['WORKER']``: an option given on the command line overrides its setting, except
+``--import``, whose modules are imported in addition to ``FAIRQUEUE['WORKER']['IMPORT']``.
+
+Handlers may use the ORM: each job starts and ends with Django's ``close_old_connections()`` in
+its thread, as a request does, so a connection past ``CONN_MAX_AGE`` or broken by a database
+restart is not reused.
 
 When ``TASKS`` uses ``fairqueue_django.tasks.FairQueueBackend``, the ``tasks`` module of every
 installed app is imported too, so Django's ``@task`` functions run without ``--import``.
@@ -12,6 +15,7 @@ installed app is imported too, so Django's ``@task`` functions run without ``--i
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from django.apps import apps
@@ -56,6 +60,23 @@ def app_task_modules() -> list[str]:
     return [f"{app.name}.tasks" for app in apps.get_app_configs() if module_has_submodule(app.module, "tasks")]
 
 
+def _show_settings_in_help(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """``--help`` gives the defaults that FAIRQUEUE['WORKER'] sets, not those of ``fairqueue worker``."""
+    setting_of = {option: setting for setting, option in SETTING_NAMES.items()} | {"no_maintenance": "MAINTENANCE"}
+    for action in parser._actions:
+        if action.dest not in defaults or not action.help:
+            continue
+        value, setting = defaults[action.dest], f"FAIRQUEUE['WORKER']['{setting_of[action.dest]}']"
+        if action.dest == "imports":
+            note = f"; added to {setting}: {', '.join(value) or 'none'}"
+            action.help += note.replace("%", "%%")
+        elif action.dest == "no_maintenance":
+            action.help += f" ({setting} is {not value})".replace("%", "%%")
+        else:
+            text = re.sub(r"\s*\(default[^)]*\)$", "", action.help)
+            action.help = f"{text} (default {value}, from {setting})".replace("%", "%%")
+
+
 class Command(BaseCommand):
     help = "Run a fairqueue worker: claim jobs fairly across channels and run their task handlers."
 
@@ -70,6 +91,7 @@ class Command(BaseCommand):
         if isinstance(defaults.get("imports"), str):
             defaults["imports"] = [defaults["imports"]]
         cli.add_worker_options(parser, defaults)
+        _show_settings_in_help(parser, defaults)
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = argparse.Namespace(**options)

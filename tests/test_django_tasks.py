@@ -309,6 +309,33 @@ def test_signals_fire_on_enqueue_and_around_each_attempt(
     assert all(thread.startswith("fairqueue-slot") for name, _, _, thread in seen if name != "enqueued")
 
 
+def test_task_enqueued_fires_at_enqueue_even_if_the_transaction_then_rolls_back(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    """As documented (docs/django.md): the signal is Django's, sent by enqueue(), not on commit."""
+    from django.tasks.signals import task_enqueued
+
+    seen: list[str] = []
+    enqueued: list[str] = []
+
+    def receiver(task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result.id)
+
+    def failing_view() -> None:
+        with transaction.atomic():
+            enqueued.append(tasks.add.enqueue(1, b=2).id)
+            raise RuntimeError("the view failed")
+
+    task_enqueued.connect(receiver, dispatch_uid="rollback-test")
+    try:
+        with pytest.raises(RuntimeError):
+            failing_view()
+    finally:
+        task_enqueued.disconnect(dispatch_uid="rollback-test")
+    assert seen == enqueued and len(seen) == 1
+    assert _jobs(dj) == []  # the job rolled back with the block; the signal had been sent
+
+
 def test_get_result_of_a_running_task(dj: psycopg.Connection[Any], tasks: Any, start_worker: Starter) -> None:
     from django.tasks.signals import task_started
 

@@ -28,7 +28,28 @@ def check_text(what: str, value: object, *, max_len: int = MAX_NAME, error: type
         raise error(f"{what} must be 1 to {max_len} characters long, got {len(value)}")
     if "\x00" in value:
         raise error(f"{what} must not contain NUL characters")
+    if not _encodable(value):
+        raise error(f"{what} must be valid Unicode text: it contains a lone surrogate, which UTF-8 cannot encode")
     return value
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def clean_text(text: str) -> str:
+    """``text`` made storable in a PostgreSQL text column, for texts fairqueue records rather than
+    checks (handlers' error messages and tracebacks): a NUL becomes the two characters ``\\0`` and
+    what UTF-8 cannot encode (lone surrogates) becomes a backslash escape such as ``\\ud800``."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    if not _encodable(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def check_optional_text(what: str, value: object) -> str | None:
@@ -53,14 +74,22 @@ def encode_json(
     """Encodes ``value`` as compact JSON text for a jsonb column, or raises InvalidJobError."""
     if require_object and not isinstance(value, dict):
         raise InvalidJobError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
-    _check_json_keys(value, what)
     try:
+        _check_json_keys(value, what)
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except RecursionError:
+        raise InvalidJobError(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"{what} is not JSON-serialisable: {exc}") from None
     if "\\u0000" in text:
         raise InvalidJobError(f"{what} contains a NUL character, which PostgreSQL cannot store in JSON")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJobError(
+            f"{what} contains text that is not valid Unicode (a lone surrogate such as '\\ud800'), "
+            "which PostgreSQL cannot store"
+        ) from None
     if size > limit:
         raise InvalidJobError(
             f"{what} takes {size} bytes as JSON, above the limit of {limit} bytes (fairqueue.settings / {setting})"

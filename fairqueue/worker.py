@@ -24,6 +24,7 @@ import ctypes
 import functools
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -34,7 +35,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
@@ -57,12 +58,13 @@ from fairqueue.maintenance import Maintainer, try_become_maintainer
 from fairqueue.metrics import Metrics
 from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
 from fairqueue.urls import redact, to_libpq, to_sqlalchemy
-from fairqueue.validation import check_result
+from fairqueue.validation import check_result, clean_text
 
 log = logging.getLogger("fairqueue.worker")
 T = TypeVar("T")
 
 MAX_ERROR_CHARS = 32_000
+MAX_RETRY_IN = 365 * 86400.0  # the longest retry delay a replacement outcome keeps
 LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
 STOP_TRIES_FOR = 30.0  # seconds to keep stopping an abandoned handler before leaving its thread be
 EXIT_OK = 0
@@ -104,6 +106,28 @@ class WorkerConfig:
     @property
     def heartbeat_every(self) -> float:
         return self.lease / 4
+
+
+def db_error_text(exc: BaseException) -> str:
+    """One line for a log or an error message: a database error's primary message (not its CONTEXT,
+    which for an error inside a function can run to kilobytes), otherwise the exception's text."""
+    primary = getattr(getattr(exc, "diag", None), "message_primary", None) if isinstance(exc, psycopg.Error) else None
+    try:
+        text = primary or str(exc) or type(exc).__name__
+    except Exception:
+        text = type(exc).__name__
+    return clean_text(" ".join(text.split()))
+
+
+def _storable(outcome: Outcome) -> Outcome:
+    """The outcome with an error text PostgreSQL can store (see clean_text) and of bounded size."""
+    if outcome.error is None:
+        return outcome
+    error = outcome.error
+    if len(error) > 2 * MAX_ERROR_CHARS:
+        error = error[:MAX_ERROR_CHARS] + "\n[...]\n" + error[-MAX_ERROR_CHARS:]
+    error = clean_text(error)
+    return outcome if error is outcome.error else replace(outcome, error=error)
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
@@ -224,7 +248,7 @@ class _Connection:
                     extra={
                         "connection": self.role,
                         "call": what,
-                        "error": " ".join(str(exc).split()),
+                        "error": db_error_text(exc),
                         "retry_in": round(delay, 3),
                     },
                 )
@@ -334,6 +358,11 @@ class Worker:
         self._start_threads()
         try:
             self._dispatch_loop()
+        except Exception:
+            # a bug, not a database problem (those are retried): say so, and still deregister
+            log.critical("the dispatcher failed; aborting (running jobs will be re-run)", exc_info=True)
+            self._stopping.set()
+            self._aborted.set()
         finally:
             self._shutdown()
         return EXIT_ABORTED if self._aborted.is_set() else EXIT_OK
@@ -385,7 +414,7 @@ class Worker:
             if self._stopping_threads:
                 self._repeat_stops()
             now = time.monotonic()
-            free = cfg.concurrency - len(self._inflight)
+            free = cfg.concurrency - len(self._inflight)  # once the outcomes waiting here are recorded
             # A freed slot waits a moment (LINGER) for others, so claims and finishes stay batched.
             lingering = bool(self._inflight) and self._freed_at is not None and now - self._freed_at < LINGER
             can_claim = free > 0 and (free >= self._full_batch or not lingering) and not self._stopping.is_set()
@@ -393,6 +422,10 @@ class Worker:
                 self._record_pending()
             if self._aborted.is_set():
                 return
+            # A job whose outcome is not recorded yet still holds its slot: the database counts it as
+            # running here, so claiming for it would run more jobs than --concurrency.
+            free -= len(self._pending)
+            can_claim = can_claim and free > 0
             timeout = cfg.poll_interval
             if self._stopping.is_set():
                 if grace_until is None:
@@ -447,7 +480,7 @@ class Worker:
         except psycopg.Error as exc:
             if not self._stopping.is_set():
                 # not a connection problem (those are retried inside): log it, never let it stop the worker
-                log.error("claim failed; retrying shortly", extra={"error": " ".join(str(exc).split())})
+                log.error("claim failed; retrying shortly", extra={"error": db_error_text(exc)})
                 self._aborted.wait(1.0)
             return 0
         self.metrics.claim_round_trip(time.monotonic() - started, len(jobs))
@@ -542,7 +575,11 @@ class Worker:
                         self._work_ready.wait(1.0)
                     r = self._work.pop(0)
                 with contextlib.suppress(BaseException):  # an exception injected after the handler ended
-                    self._run_sync(r)
+                    try:
+                        self._run_sync(r)
+                    except BaseException as exc:  # from around_job or the runtime, not the handler
+                        if self._settle(r):
+                            self._complete(r, self._failure(r, exc))
                 with r.lock:
                     r.thread_done = True
                     if r.state == "abandoned":
@@ -710,10 +747,20 @@ class Worker:
             )
         if isinstance(exc, JobCancelled):
             return Outcome(r.job.id, "cancelled", error="cancelled while running")
-        text = "".join(traceback.format_exception(exc))
+        try:
+            message = str(exc)
+        except Exception:
+            message = "<its str() failed>"
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[: MAX_ERROR_CHARS // 2] + " [...] " + message[-MAX_ERROR_CHARS // 2 :]
+        try:
+            text = "".join(traceback.format_exception(exc))
+        except Exception:
+            text = "(no traceback: formatting it failed)"
         if len(text) > MAX_ERROR_CHARS:
             text = text[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + text[-MAX_ERROR_CHARS // 2 :]
-        return Outcome(r.job.id, "failed", error=f"{type(exc).__name__}: {exc}\n\n{text}", retry_in=self._retry_in(r))
+        error = clean_text(f"{type(exc).__name__}: {message}\n\n{text}")
+        return Outcome(r.job.id, "failed", error=error, retry_in=self._retry_in(r))
 
     # -- transactional handlers -----------------------------------------------------------------------
 
@@ -833,35 +880,84 @@ class Worker:
                 if r.state == "settling":
                     r.state = "done"
             if d.outcome is not None:
-                self._pending.append(d)
+                self._add_pending(d)
         if done and self._freed_at is None:
             self._freed_at = time.monotonic()
         if done:
             self.metrics.set_slots(self.config.concurrency, len(self._inflight))
 
+    def _add_pending(self, d: _Done) -> None:
+        if d.outcome is not None:
+            d.outcome = _storable(d.outcome)
+        self._pending.append(d)
+
     def _record_pending(self) -> None:
+        """Records the outcomes waiting here, one round trip per worker id. Lost connections are
+        retried inside; any other failure falls back to one outcome at a time, so that an outcome
+        the database refuses cannot hold up the others, and one it still refuses is replaced by a
+        failure that says why. Outcomes not recorded stay here (their jobs stay ours) for next time."""
         by_worker: dict[int, list[_Done]] = {}
         for d in self._pending:
             by_worker.setdefault(d.running.worker_id, []).append(d)
         for worker_id, items in by_worker.items():
-            outcomes = [d.outcome for d in items if d.outcome is not None]
             try:
-                recorded = self._finish(worker_id, outcomes)
-            except psycopg.Error as exc:
+                self._recorded(items, self._finish(worker_id, [d.outcome for d in items if d.outcome is not None]))
+                continue
+            except Exception as exc:
                 if self._aborted.is_set():
                     return  # the jobs go back to the queue when this worker deregisters or expires
-                # not a connection problem: keep the outcomes (the jobs stay ours) and try again shortly
-                log.error("could not record outcomes; retrying", extra={"error": " ".join(str(exc).split())})
+                if len(items) > 1:
+                    log.warning(
+                        "could not record a batch of outcomes; recording them one by one",
+                        extra={"error": db_error_text(exc), "outcomes": len(items)},
+                    )
+            stuck: BaseException | None = None
+            for d in items:
+                try:
+                    self._record_alone(worker_id, d)
+                except Exception as exc:
+                    if self._aborted.is_set():
+                        return
+                    stuck = exc
+            if stuck is not None:
+                # the database refuses even a plain failure: keep the outcomes and try again shortly
+                log.error("could not record outcomes; retrying", extra={"error": db_error_text(stuck)})
                 self._aborted.wait(1.0)
                 return
-            got = {f.job_id: f for f in recorded}
-            for d in items:
-                assert d.outcome is not None
-                if d.running.job.id in got:
-                    self._count_finished(d.running, d.outcome.outcome)
-                    if d.outcome.outcome != "succeeded":
-                        self._log_failure(d.running, d.outcome, got[d.running.job.id])
-                self._pending.remove(d)
+
+    def _record_alone(self, worker_id: int, d: _Done) -> None:
+        """Records one outcome; if the database refuses it, a failure saying why in its place."""
+        assert d.outcome is not None
+        try:
+            self._recorded([d], self._finish(worker_id, [d.outcome]))
+            return
+        except Exception as exc:
+            if self._aborted.is_set():
+                raise
+            original, reason = d.outcome, db_error_text(exc)
+        retry_in = original.retry_in if original.outcome != "succeeded" else None
+        if retry_in is not None and not (math.isfinite(retry_in) and 0 <= retry_in <= MAX_RETRY_IN):
+            retry_in = None
+        replacement = _storable(
+            Outcome(original.job_id, "failed", error=f"the outcome could not be stored: {reason}", retry_in=retry_in)
+        )
+        recorded = self._finish(worker_id, [replacement])  # if this fails too, the original is kept
+        log.error(
+            "the database refused a job's outcome; recorded a failure instead",
+            extra=self._fields(d.running) | {"outcome": original.outcome, "error": reason},
+        )
+        d.outcome = replacement
+        self._recorded([d], recorded)
+
+    def _recorded(self, items: list[_Done], recorded: list[Finished]) -> None:
+        got = {f.job_id: f for f in recorded}
+        for d in items:
+            assert d.outcome is not None
+            if d.running.job.id in got:
+                self._count_finished(d.running, d.outcome.outcome)
+                if d.outcome.outcome != "succeeded":
+                    self._log_failure(d.running, d.outcome, got[d.running.job.id])
+            self._pending.remove(d)
 
     def _finish(self, worker_id: int, outcomes: list[Outcome]) -> list[Finished]:
         return self._db.call("finish", lambda c: finish(c, worker_id, outcomes), give_up=self._aborted.is_set)
@@ -932,7 +1028,7 @@ class Worker:
                 _set_async_exc(r.thread_id, exc)
         self._stopping_threads.append(r)
         del self._inflight[r.job.id]
-        self._pending.append(_Done(r, outcome))
+        self._add_pending(_Done(r, outcome))
         self._spawn_slot()  # the old thread may be stuck in C code; the slot is free again either way
         log.warning("stopped a running job", extra=self._fields(r) | {"outcome": outcome.outcome})
 
@@ -963,7 +1059,7 @@ class Worker:
             except psycopg.Error as exc:
                 db.close()
                 self.metrics.reconnected("listener")
-                log.warning("listener connection lost; reconnecting", extra={"error": " ".join(str(exc).split())})
+                log.warning("listener connection lost; reconnecting", extra={"error": db_error_text(exc)})
                 self._stopped.wait(min(self.config.reconnect_max, 0.5) * random.uniform(0.5, 1))
         db.close()
 
@@ -1006,7 +1102,7 @@ class Worker:
                     maintainer.tick(conn)
             except psycopg.Error as exc:
                 if self.is_maintainer:
-                    log.warning("lost the maintenance role with its connection", extra={"error": str(exc).strip()})
+                    log.warning("lost the maintenance role with its connection", extra={"error": db_error_text(exc)})
                 self.is_maintainer = False
                 db.close()
             self._stopped.wait(self.config.maintenance_interval * random.uniform(0.8, 1.2))
@@ -1015,9 +1111,12 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        self._collect_completions()
-        if self._pending:
-            self._record_pending()  # when aborting: one try, so finished jobs are not run again
+        try:
+            self._collect_completions()
+            if self._pending:
+                self._record_pending()  # when aborting: one try, so finished jobs are not run again
+        except Exception:
+            log.exception("could not record the last outcomes; their jobs will be re-run")
         self._stopped.set()
         with self._work_ready:
             self._work_ready.notify_all()
@@ -1028,10 +1127,10 @@ class Worker:
             n = deregister_worker(conn, self.worker_id)
             if n:
                 log.warning("left running jobs to be re-run", extra={"jobs": n})
-        except psycopg.Error as exc:
+        except Exception as exc:
             log.warning(
                 "could not deregister; the lease expiry will re-run any jobs left",
-                extra={"error": " ".join(str(exc).split()), "running": still_running},
+                extra={"error": db_error_text(exc), "running": still_running},
             )
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)

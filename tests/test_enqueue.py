@@ -157,12 +157,25 @@ def test_enqueue_many_rejects_unknown_fields(conn: psycopg.Connection[Any]) -> N
 
 # -- bad input: a clear error, nothing written, the caller's transaction still usable -------------
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_ENQUEUES: list[tuple[str, dict[str, Any], str]] = [
     ("non-JSON args", {"args": {"when": datetime.now(UTC)}}, "not JSON-serialisable"),
     ("set in args", {"args": {"ids": {1, 2}}}, "not JSON-serialisable"),
     ("NaN in args", {"args": {"x": math.nan}}, "not JSON-serialisable"),
     ("non-string key", {"args": {1: "a"}}, "non-string key"),
     ("NUL in args", {"args": {"s": "a\x00b"}}, "NUL character"),
+    ("lone surrogate in args", {"args": {"s": "a\ud800b"}}, "not valid Unicode"),
+    ("lone surrogate in an args key", {"args": {"\udcff": 1}}, "not valid Unicode"),
+    ("args nested too deeply", {"args": {"a": _nested(100_000)}}, "nested too deeply"),
+    ("lone surrogate in kind", {"kind": "k\ud800"}, "kind must be valid Unicode"),
+    ("lone surrogate in channel", {"channel": "\udcff"}, "channel must be valid Unicode"),
+    ("lone surrogate in unique_key", {"unique_key": "\ud800"}, "unique_key must be valid Unicode"),
     ("args not an object", {"args": [1, 2]}, "must be a JSON object"),
     ("empty kind", {"kind": ""}, "kind must be 1 to 255 characters"),
     ("kind not a string", {"kind": 3}, "kind must be a string"),

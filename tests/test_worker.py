@@ -6,6 +6,8 @@ for conditions in the database, never for fixed times.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ import pytest
 
 import fairqueue
 from fairqueue.errors import ConfigurationError
+from fairqueue.metrics import Metrics
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
 from tests import worker_tasks as t
 from tests.helpers import assert_consistent, count, wait_for
@@ -70,6 +73,9 @@ def start_worker(db_url: str) -> Iterator[Starter]:
         t.GATES[key].set()
     t.GATES.clear()
     t.CALLS.clear()
+    for barrier in t.BARRIERS.values():
+        barrier.abort()
+    t.BARRIERS.clear()
 
 
 def stop_and_wait(worker: Worker, timeout: float = 20.0) -> int:
@@ -421,3 +427,167 @@ def test_bad_worker_settings_are_refused(option: str, value: object, message: st
     setattr(config, option, value)
     with pytest.raises(ConfigurationError, match=message):
         config.check()
+
+
+# -- outcomes PostgreSQL refuses --------------------------------------------------------------------
+
+
+class Records(logging.Handler):
+    """Collects the fairqueue.worker log records of one test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def count(self, message: str) -> int:
+        return sum(1 for r in list(self.records) if r.getMessage() == message)
+
+
+@pytest.fixture
+def worker_log() -> Iterator[Records]:
+    records = Records()
+    logger = logging.getLogger("fairqueue.worker")
+    logger.addHandler(records)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(records)
+    logger.setLevel(old_level)
+
+
+@pytest.mark.parametrize("what", ["nul", "surrogate", "both"])
+def test_an_error_text_postgresql_cannot_store_fails_its_job_and_not_the_batch(
+    conn: psycopg.Connection[Any], start_worker: Starter, what: str
+) -> None:
+    t.BARRIERS["end"] = threading.Barrier(4)
+    bad = t.bad_text.enqueue(conn, what, barrier="end")
+    good = [t.meet.enqueue(conn, n, barrier="end") for n in range(3)]
+    worker = start_worker(concurrency=4)
+    info = finished(conn, bad)
+    assert info.status == "failed"
+    expected = {"nul": "ValueError: bad \\0 text", "surrogate": "ValueError: bad \\ud800 text"}
+    expected["both"] = "ValueError: \\0\\udcff\\0"
+    assert (info.error or "").startswith(expected[what])
+    assert [finished(conn, job_id).result for job_id in good] == [0, 1, 2]
+    later = t.add.enqueue(conn, 5)
+    assert finished(conn, later).result == 5
+    assert worker.exit_code is None  # type: ignore[attr-defined]
+    assert stop_and_wait(worker) == EXIT_OK
+    assert count(conn, "worker") == 0
+    assert_consistent(conn)
+
+
+@pytest.mark.parametrize("what", ["nul", "surrogate"])
+def test_a_result_postgresql_cannot_store_fails_its_job_and_not_the_batch(
+    conn: psycopg.Connection[Any], start_worker: Starter, what: str
+) -> None:
+    t.BARRIERS["end"] = threading.Barrier(3)
+    bad = t.bad_text.enqueue(conn, what, barrier="end", where="result")
+    good = [t.meet.enqueue(conn, n, barrier="end") for n in range(2)]
+    worker = start_worker(concurrency=3)
+    info = finished(conn, bad)
+    assert info.status == "failed"
+    assert (info.error or "").startswith("the handler's return value cannot be stored: result contains")
+    assert [finished(conn, job_id).result for job_id in good] == [0, 1]
+    assert stop_and_wait(worker) == EXIT_OK
+
+
+REFUSE = """
+CREATE OR REPLACE FUNCTION public.test_refuse_outcome() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.error LIKE %s THEN
+        RAISE EXCEPTION 'the test refuses this outcome';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER test_refuse_outcome BEFORE INSERT ON fairqueue.completed_job
+    FOR EACH ROW EXECUTE FUNCTION public.test_refuse_outcome();
+"""
+
+
+@pytest.fixture
+def refuse_outcomes(conn: psycopg.Connection[Any]) -> Iterator[Callable[[str], None]]:
+    """Makes the database refuse to record outcomes whose error text is LIKE a pattern (a real
+    error inside fairqueue.finish, as a constraint or a full disk would raise)."""
+
+    def refuse(pattern: str) -> None:
+        conn.execute(REFUSE.replace("%s", "'" + pattern.replace("'", "''") + "'"))
+
+    yield refuse
+    conn.execute("DROP TRIGGER IF EXISTS test_refuse_outcome ON fairqueue.completed_job")
+    conn.execute("DROP FUNCTION IF EXISTS public.test_refuse_outcome()")
+
+
+def test_an_outcome_the_database_refuses_is_replaced_by_a_failure_saying_why(
+    conn: psycopg.Connection[Any], start_worker: Starter, refuse_outcomes: Callable[[str], None]
+) -> None:
+    refuse_outcomes("ValueError: poison%")
+    t.BARRIERS["end"] = threading.Barrier(4)
+    bad = t.bad_text.enqueue(conn, "poison", barrier="end")
+    good = [t.meet.enqueue(conn, n, barrier="end") for n in range(3)]
+    worker = start_worker(concurrency=4)
+    info = finished(conn, bad)
+    assert info.status == "failed"
+    assert info.error == "the outcome could not be stored: the test refuses this outcome"
+    assert [finished(conn, job_id).result for job_id in good] == [0, 1, 2]
+    assert worker.exit_code is None  # type: ignore[attr-defined]
+
+
+def test_a_worker_claims_no_more_than_its_concurrency_while_outcomes_wait_to_be_recorded(
+    conn: psycopg.Connection[Any], start_worker: Starter, refuse_outcomes: Callable[[str], None], worker_log: Records
+) -> None:
+    refuse_outcomes("%")  # every outcome, and the failures that would replace them: nothing is recorded
+    ids = [t.always_fails.using(max_attempts=1).enqueue(conn) for _ in range(6)]
+    start_worker(concurrency=2)
+    # Two tries at recording both outcomes together: between them the dispatcher went round its loop,
+    # where it would have claimed for the two slots it no longer counted as busy.
+    wait_for(
+        lambda: worker_log.count("could not record a batch of outcomes; recording them one by one") >= 2,
+        what="two failed recordings of both outcomes",
+    )
+    running = conn.execute("SELECT count(*) FROM fairqueue.running_job WHERE worker_id IS NOT NULL").fetchone()
+    assert running == (2,)
+    assert count(conn, "completed_job") == 0
+    conn.execute("DROP TRIGGER test_refuse_outcome ON fairqueue.completed_job")
+    for job_id in ids:
+        info = finished(conn, job_id)
+        assert info.status == "failed" and (info.error or "").startswith("ValueError: this handler always fails")
+
+
+class FailingMetrics(Metrics):
+    def claim_round_trip(self, seconds: float, jobs: int) -> None:
+        raise RuntimeError("a bug in the runtime")
+
+
+def test_an_unexpected_error_in_the_dispatcher_is_logged_and_the_worker_deregisters(
+    conn: psycopg.Connection[Any], db_url: str, worker_log: Records
+) -> None:
+    t.add.enqueue(conn, 1)
+    worker = Worker(WorkerConfig(database_url=db_url, concurrency=2, poll_interval=0.2), metrics=FailingMetrics())
+    assert worker.run() == EXIT_ABORTED
+    assert worker_log.count("the dispatcher failed; aborting (running jobs will be re-run)") == 1
+    assert count(conn, "worker") == 0
+    assert_consistent(conn)
+
+
+@contextlib.contextmanager
+def broken_around_job() -> Iterator[None]:
+    raise RuntimeError("around_job could not set up")
+    yield  # pragma: no cover
+
+
+def test_a_failure_around_a_job_fails_the_job_and_frees_its_slot(db_url: str, conn: psycopg.Connection[Any]) -> None:
+    ids = [t.add.enqueue(conn, n) for n in range(3)]
+    worker = Worker(WorkerConfig(database_url=db_url, concurrency=1, poll_interval=0.2), around_job=broken_around_job)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        for job_id in ids:  # one slot: each job must give it back for the next one to run
+            info = finished(conn, job_id)
+            assert info.status == "failed" and "around_job could not set up" in (info.error or "")
+    finally:
+        worker.stop()
+        thread.join(20)

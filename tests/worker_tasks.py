@@ -155,3 +155,24 @@ async def async_block_loop(gate: str, release: str) -> None:
     """Blocks the event loop itself (a sync wait in async code) until the test releases it."""
     GATES[gate].set()
     GATES[release].wait(30)
+
+
+BARRIERS: dict[str, threading.Barrier] = {}
+BAD_TEXTS = {"nul": "bad \x00 text", "surrogate": "bad \ud800 text", "both": "\x00\udcff\x00", "poison": "poison"}
+
+
+@fairqueue.task(name="t.meet", max_attempts=1)
+def meet(n: int, barrier: str) -> int:
+    """Waits for the other jobs at ``BARRIERS[barrier]``, so they all end together (one batch)."""
+    BARRIERS[barrier].wait(30)
+    return n
+
+
+@fairqueue.task(name="t.bad_text", max_attempts=1)
+def bad_text(what: str, barrier: str, where: str = "error") -> object:
+    """Ends, with the others at the barrier, with a text PostgreSQL cannot store (BAD_TEXTS[what])
+    in its exception (``where="error"``) or in its return value (``where="result"``)."""
+    BARRIERS[barrier].wait(30)
+    if where == "result":
+        return {"text": BAD_TEXTS[what]}
+    raise ValueError(BAD_TEXTS[what])

@@ -273,16 +273,20 @@ class CompletedJob(ReadOnlyModel):
 
 
 class ChannelQuerySet(models.QuerySet):
-    def with_counts(self) -> Any:
-        """Annotates ``backlog`` (ready jobs), ``running_jobs`` and ``scheduled_jobs``: one query,
-        each count an index probe per channel fetched (``running`` on the row itself is only kept
-        for channels with a cap)."""
+    def with_counts(self, *, scheduled: bool = True) -> Any:
+        """Annotates ``backlog`` (ready jobs), ``running_jobs`` and, with ``scheduled``,
+        ``scheduled_jobs``: one query (``running`` on the row itself is only kept for channels with a
+        cap). The backlog is counted on the ready jobs' index by channel and the running jobs on the
+        running ones' index; scheduled_job has no index by channel, so each channel's count reads the
+        whole table: leave it out when fetching many channels."""
         ready = RunningJob.objects.filter(channel=OuterRef("name"))
-        return self.annotate(
-            backlog=_count(ready.filter(worker_id__isnull=True)),
-            running_jobs=_count(ready.filter(worker_id__isnull=False)),
-            scheduled_jobs=_count(ScheduledJob.objects.filter(channel=OuterRef("name"))),
-        )
+        counts = {
+            "backlog": _count(ready.filter(worker_id__isnull=True)),
+            "running_jobs": _count(ready.filter(worker_id__isnull=False)),
+        }
+        if scheduled:
+            counts["scheduled_jobs"] = _count(ScheduledJob.objects.filter(channel=OuterRef("name")))
+        return self.annotate(**counts)
 
 
 class Channel(ReadOnlyModel):

@@ -593,7 +593,9 @@ def _add_report_command(commands: Any) -> None:
     report.add_argument(
         "--out", default="fairqueue-report", metavar="DIR", help="output directory or URI (default ./fairqueue-report)"
     )
-    report.add_argument("--master", metavar="URL", help="Spark master (default local[*] or $FAIRQUEUE_SPARK_MASTER)")
+    from fairqueue.spark.options import add_spark_options
+
+    add_spark_options(report)
     report.set_defaults(func=_cmd_report)
 
 
@@ -622,7 +624,9 @@ def _add_archive_command(commands: Any) -> None:
     )
     archive.add_argument("--to", required=True, metavar="PATH", help="archive root: a directory or a URI (s3a://...)")
     _database_url_option(archive)
-    archive.add_argument("--master", metavar="URL", help="Spark master (default local[*] or $FAIRQUEUE_SPARK_MASTER)")
+    from fairqueue.spark.options import add_spark_options
+
+    add_spark_options(archive)
     archive.set_defaults(func=_cmd_archive)
 
 

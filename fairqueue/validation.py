@@ -15,6 +15,10 @@ MAX_NAME = 255
 MAX_CHANNEL = 200
 MAX_ATTEMPTS = 1000
 MAX_WEIGHT = 1000
+MAX_CONCURRENCY = 1_000_000  # a channel's cap (the claim adds to it as a PostgreSQL integer)
+MAX_BURST = 1_000_000
+MAX_RATE = 1_000_000.0  # jobs per second
+SLOWEST_RATE_PERIOD = 365 * 86400.0  # a rate limit allows at least one job per this many seconds
 
 
 def _is_int(value: object) -> bool:
@@ -159,7 +163,7 @@ def parse_rate_limit(text: object) -> tuple[str, float]:
         raise InvalidChannelConfigError(
             f"rate_limit must be a string such as '10/s' or '600/m', got {type(text).__name__}"
         )
-    match = _RATE.match(text)
+    match = _RATE.match(text) if len(text) <= 100 else None
     if not match:
         raise InvalidChannelConfigError(
             f"rate_limit {text!r} is not understood: use COUNT/UNIT such as '10/s', '600/m', '5/h', '100/d' or '3/10s'"
@@ -170,8 +174,15 @@ def parse_rate_limit(text: object) -> tuple[str, float]:
     period = every * _UNIT_SECONDS[unit]
     if count <= 0 or period <= 0:
         raise InvalidChannelConfigError(f"rate_limit {text!r} must allow more than zero jobs per period")
+    # The claim waits up to 1/rate seconds for the next start (a PostgreSQL interval) and adds
+    # rate * elapsed to the channel's tokens: keep both far from the limits of their types.
+    if not math.isfinite(count) or count / period > MAX_RATE:
+        raise InvalidChannelConfigError(f"rate_limit {text!r} is too fast: at most {MAX_RATE:,.0f} jobs per second")
+    per_second = count / period
+    if per_second < 1 / SLOWEST_RATE_PERIOD:
+        raise InvalidChannelConfigError(f"rate_limit {text!r} is too slow: at least 1 job per 365 days")
     normalised = f"{match['count']}/{match['every'] or ''}{unit}"
-    return normalised, count / period
+    return normalised, per_second
 
 
 def check_channel_settings(
@@ -183,12 +194,18 @@ def check_channel_settings(
             f"max_concurrency must be a whole number of at least 1 (or None for no cap), got {max_concurrency!r}; "
             "use paused=True to stop a channel"
         )
+    if max_concurrency is not None and max_concurrency > MAX_CONCURRENCY:  # type: ignore[operator]
+        raise InvalidChannelConfigError(
+            f"max_concurrency must be at most {MAX_CONCURRENCY:,} (or None for no cap), got {max_concurrency!r}"
+        )
     if not _is_int(weight) or not 1 <= weight <= MAX_WEIGHT:  # type: ignore[operator]
         raise InvalidChannelConfigError(f"weight must be a whole number from 1 to {MAX_WEIGHT}, got {weight!r}")
     if not isinstance(paused, bool):
         raise InvalidChannelConfigError(f"paused must be True or False, got {paused!r}")
     if not isinstance(burst, int | float) or isinstance(burst, bool) or not math.isfinite(burst) or burst < 1:
         raise InvalidChannelConfigError(f"burst must be a number of at least 1, got {burst!r}")
+    if burst > MAX_BURST:
+        raise InvalidChannelConfigError(f"burst must be at most {MAX_BURST:,}, got {burst!r}")
     return channel, max_concurrency, weight, paused, float(burst)  # type: ignore[return-value]
 
 

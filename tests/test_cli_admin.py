@@ -406,6 +406,10 @@ def test_channels_set_changes_only_the_given_settings(cli: Run, conn: psycopg.Co
         ["--burst", "0.5"],
         ["--burst", "3"],  # a burst without a rate limit
         [],  # nothing to change
+        ["--rate-limit", "1/1000000000d"],
+        ["--rate-limit", "1/s", "--burst", "3000000000"],
+        ["--max-concurrency", "99999999999"],
+        ["--rate-limit", "9" * 400 + "/s"],
     ],
 )
 def test_channels_set_rejects_bad_values_and_changes_nothing(
@@ -419,6 +423,38 @@ def test_channels_set_rejects_bad_values_and_changes_nothing(
     code, _, _ = cli("channels", "set", "newco", *argv)
     assert code == 2
     assert _channel(conn, "newco") is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate-limit", "1/1000000000d"], "rate_limit '1/1000000000d' is too slow: at least 1 job per 365 days"),
+        (["--rate-limit", "0.00000001/s"], "rate_limit '0.00000001/s' is too slow"),
+        (["--rate-limit", "2000000/s"], "rate_limit '2000000/s' is too fast: at most 1,000,000 jobs per second"),
+        (["--rate-limit", "1/s", "--burst", "3000000000"], "burst must be at most 1,000,000, got 3000000000.0"),
+        (["--rate-limit", "1/s", "--burst", "1e400"], "burst must be a number of at least 1, got inf"),
+        (["--max-concurrency", "99999999999"], "max_concurrency must be at most 1,000,000"),
+    ],
+)
+def test_channel_limits_the_claim_cannot_use_are_refused_by_name(
+    cli: Run, conn: psycopg.Connection[Any], argv: list[str], message: str
+) -> None:
+    code, out, err = cli("channels", "set", "acme", *argv)
+    assert (code, out) == (2, "")
+    assert message in _one_error_line(err)
+    assert _channel(conn, "acme") is None
+
+
+def test_the_widest_channel_limits_leave_claims_working(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    for argv in (
+        ["--rate-limit", "1/365d", "--burst", "1000000", "--max-concurrency", "1000000"],
+        ["--rate-limit", "1000000/s", "--burst", "1000000", "--weight", "1000"],
+    ):
+        fairqueue.enqueue(conn, "k", channel="acme")
+        fairqueue.enqueue(conn, "k", channel="other")
+        code, _, err = cli("channels", "set", "acme", *argv)
+        assert code == 0, err
+        assert {job.channel for job in fairqueue.claim_batch(conn, worker, 10)} == {"acme", "other"}
 
 
 def test_channels_set_conflicting_options(cli: Run) -> None:

@@ -591,3 +591,18 @@ def test_a_failure_around_a_job_fails_the_job_and_frees_its_slot(db_url: str, co
     finally:
         worker.stop()
         thread.join(20)
+
+
+def test_a_failing_claim_logs_the_database_message_without_its_context(
+    conn: psycopg.Connection[Any], start_worker: Starter, worker_log: Records
+) -> None:
+    # a channel row no fairqueue call writes any more: a rate whose wait overflows an interval
+    fairqueue.configure_channel(conn, "broken", rate_limit="1/s")
+    conn.execute(
+        "UPDATE fairqueue.channel SET rate_per_second = 1e-15, tokens = 0, throttled_until = NULL WHERE name = 'broken'"
+    )
+    t.add.using(channel="broken").enqueue(conn, 1)
+    start_worker()
+    wait_for(lambda: worker_log.count("claim failed; retrying shortly"), what="a failed claim")
+    record = next(r for r in worker_log.records if r.getMessage() == "claim failed; retrying shortly")
+    assert record.error == "interval out of range"  # type: ignore[attr-defined]

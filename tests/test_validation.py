@@ -1,0 +1,50 @@
+"""Input checks at the edge (fairqueue.validation) seen through the public Python API: what the
+database could not take, or what would break claims for every channel, is refused before writing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue.validation import clean_text
+
+TOO_WIDE: list[tuple[dict[str, Any], str]] = [
+    ({"rate_limit": "1/1000000000d"}, "is too slow: at least 1 job per 365 days"),
+    ({"rate_limit": "1/366d"}, "is too slow"),
+    ({"rate_limit": "1000001/s"}, "is too fast: at most 1,000,000 jobs per second"),
+    ({"rate_limit": "9" * 400 + "/s"}, "is not understood"),
+    ({"rate_limit": "9" * 90 + "/s"}, "is too fast"),
+    ({"rate_limit": "1/" + "9" * 90 + "d"}, "is too slow"),
+    ({"rate_limit": "1/s", "burst": 3_000_000_000}, "burst must be at most 1,000,000"),
+    ({"max_concurrency": 99_999_999_999}, "max_concurrency must be at most 1,000,000"),
+    ({"max_concurrency": 2**31}, "max_concurrency must be at most"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), TOO_WIDE, ids=[str(k) for k, _ in TOO_WIDE])
+def test_configure_channel_refuses_limits_the_claim_cannot_use(
+    conn: psycopg.Connection[Any], worker: int, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(fairqueue.InvalidChannelConfigError, match=message):
+        fairqueue.configure_channel(conn, "acme", **kwargs)
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel").fetchone() == (0,)
+    fairqueue.enqueue(conn, "k", channel="other")
+    assert len(fairqueue.claim_batch(conn, worker, 5)) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "cleaned"),
+    [
+        ("plain", "plain"),
+        ("bad \x00 text", "bad \\0 text"),
+        ("\ud800", "\\ud800"),
+        ("a\x00\udcff", "a\\0\\udcff"),
+        ("ünïcødé ✓", "ünïcødé ✓"),
+    ],
+)
+def test_clean_text_makes_any_text_storable(conn: psycopg.Connection[Any], text: str, cleaned: str) -> None:
+    assert clean_text(text) == cleaned
+    assert conn.execute("SELECT %s::text", (clean_text(text),)).fetchone() == (cleaned,)

@@ -18,7 +18,7 @@ import psycopg.conninfo
 from fairqueue import __version__
 from fairqueue._db import psycopg_error
 from fairqueue.errors import ConfigurationError, FairqueueError
-from fairqueue.urls import ENV_VAR, redact
+from fairqueue.urls import ENV_VAR, redact, scrub
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -739,21 +739,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except Exception as exc:
         driver = psycopg_error(exc)
+        url = getattr(args, "database_url", None)
+        # a driver's message may quote the URL it was given: never with its password
+        secret_of = url or os.environ.get(ENV_VAR)
         if isinstance(driver, psycopg.OperationalError):
-            url = getattr(args, "database_url", None)
             where = f" {redact(url)}" if url else ""
-            print(f"fairqueue: error: cannot connect to the database{where}: {_one_line(str(driver))}", file=sys.stderr)
+            message = scrub(_one_line(str(driver)), secret_of)
+            print(f"fairqueue: error: cannot connect to the database{where}: {message}", file=sys.stderr)
             return EXIT_FAILURE
         if driver is not None and driver.sqlstate in _NOT_INSTALLED:
             message = driver.diag.message_primary or str(driver)
             print(
-                f"fairqueue: error: database error: {_one_line(message)} "
+                f"fairqueue: error: database error: {scrub(_one_line(message), secret_of)} "
                 "(is fairqueue installed in this database? run: fairqueue migrate)",
                 file=sys.stderr,
             )
             return EXIT_FAILURE
         if driver is not None:
-            print(f"fairqueue: error: database error: {_one_line(str(driver))}", file=sys.stderr)
+            print(f"fairqueue: error: database error: {scrub(_one_line(str(driver)), secret_of)}", file=sys.stderr)
             return EXIT_FAILURE
         raise
 

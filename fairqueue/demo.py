@@ -100,6 +100,32 @@ FROM fairqueue.completed_job a WHERE a.final AND a.channel = 'alice'
 """
 
 
+USED = """
+SELECT (SELECT count(*) FROM fairqueue.job),
+       EXISTS (SELECT 1 FROM fairqueue.completed_job),
+       (SELECT count(*) FROM fairqueue.worker)
+"""
+
+
+def _refuse_a_used_queue(conn: psycopg.Connection[Any], url: str) -> None:
+    """The demo counts every job and every finished attempt, and its workers must be the only ones:
+    it runs on an unused queue only, and never deletes anything."""
+    row = conn.execute(USED).fetchone()
+    jobs, history, workers = row if row else (0, False, 0)
+    if jobs:
+        problem = f"already holds {jobs} job{'' if jobs == 1 else 's'}"
+    elif history:
+        problem = "has job history"
+    elif workers:
+        problem = f"has {workers} registered worker{'' if workers == 1 else 's'} (they would take the demo's jobs)"
+    else:
+        return
+    raise ConfigurationError(
+        f"the queue in {redact(url)} {problem}; the demo counts every job and deletes nothing, "
+        "so run it on an empty database (or without --database-url)"
+    )
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
@@ -114,13 +140,7 @@ def run_demo(
     with _database(database_url) as url:
         migrations.upgrade(url)
         with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute("SELECT count(*) FROM fairqueue.job").fetchone()
-            if row and row[0]:
-                raise ConfigurationError(
-                    f"the queue in {redact(url)} already holds {row[0]} jobs; the demo counts every job, "
-                    "so run it on an empty database (or without --database-url)"
-                )
-            conn.execute("TRUNCATE fairqueue.completed_job")
+            _refuse_a_used_queue(conn, url)
             total = bob_jobs + 1
             print(f"Starting {workers} worker processes (fairqueue worker --concurrency {concurrency}) ...")
             procs = _start_workers(url, workers, concurrency, batch)

@@ -122,3 +122,42 @@ def test_the_demo_refuses_a_database_that_already_has_jobs(db_url: str, conn: ps
     assert count(conn, "job") == 1 and count(conn, "worker") == 0
     info = fairqueue.get_job(conn, job_id)
     assert info is not None and info.status == "ready"
+
+
+def _run_demo(db_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fairqueue", "demo", "--database-url", db_url, "--bob-jobs", "10", "--workers", "1"],
+        cwd=REPO,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_demo_refuses_a_database_with_job_history_and_deletes_none_of_it(
+    db_url: str, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    job_id = fairqueue.enqueue(conn, "someone.elses", {"n": 1})
+    [job] = fairqueue.claim_batch(conn, worker, 1)
+    assert fairqueue.complete(conn, worker, job.id, {"kept": True})
+    fairqueue.deregister_worker(conn, worker)
+    assert count(conn, "job") == 0 and count(conn, "worker") == 0
+    result = _run_demo(db_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "has job history" in lines[0] and "empty database" in lines[0], result.stderr
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status == "succeeded" and info.result == {"kept": True}
+    assert count(conn, "completed_job") == 1
+
+
+def test_the_demo_refuses_a_database_where_other_workers_run(
+    db_url: str, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    result = _run_demo(db_url)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "has 1 registered worker (they would take the demo's jobs)" in lines[0], result.stderr
+    assert count(conn, "job") == 0 and count(conn, "completed_job") == 0

@@ -709,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="show fair queueing: Bob's 10,000 jobs, then Alice's one",
         description=(
             "Enqueues Bob's backlog, then one job for Alice, lets workers drain the queue and shows where "
-            "Alice's job ran. Without a database URL it runs on an embedded PostgreSQL it starts and removes."
+            "Alice's job ran. Without a database URL it runs on an embedded PostgreSQL it starts and removes. "
+            "With one, the database's queue must be unused (no jobs, history or workers): the demo deletes nothing. "
+            "Ctrl-C, SIGTERM or SIGHUP stop it cleanly: its workers stop and an embedded server is removed."
         ),
     )
     _database_url_option(demo, required_hint="; without one an embedded server is used")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import psycopg
@@ -42,14 +43,33 @@ def _database(database_url: str | None) -> Iterator[str]:
     print("Embedded PostgreSQL stopped and removed.")
 
 
-def _start_workers(url: str, n: int, concurrency: int, batch: int) -> list[subprocess.Popen[bytes]]:
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the demo's main thread so that every ``finally`` and ``with``
+    on the way out runs: the workers are stopped and the embedded server removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # once: a second signal must not cut the clean-up short
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+def _start_workers(
+    url: str, n: int, concurrency: int, batch: int, procs: list[subprocess.Popen[bytes]]
+) -> list[subprocess.Popen[bytes]]:
+    """Starts the workers into ``procs`` (the caller's list: one started before an interruption is
+    in it, to be stopped)."""
     env = dict(os.environ, FAIRQUEUE_DATABASE_URL=url)
     command = [sys.executable, "-m", "fairqueue", "worker", "--import", "fairqueue.demo_tasks"]
     command += ["--concurrency", str(concurrency), "--batch", str(batch), "--log-level", "WARNING"]
-    return [
-        subprocess.Popen([*command, "--name", f"demo-worker-{i + 1}"], env=env, stdin=subprocess.DEVNULL)
-        for i in range(n)
-    ]
+    for i in range(n):
+        procs.append(subprocess.Popen([*command, "--name", f"demo-worker-{i + 1}"], env=env, stdin=subprocess.DEVNULL))
+    return procs
 
 
 def _wait_for_workers(conn: psycopg.Connection[Any], procs: list[subprocess.Popen[bytes]]) -> None:
@@ -64,14 +84,22 @@ def _wait_for_workers(conn: psycopg.Connection[Any], procs: list[subprocess.Pope
         time.sleep(0.05)
 
 
-def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int | None]:
+def _stop_workers(procs: list[subprocess.Popen[bytes]], patience: float = 30.0) -> list[int | None]:
+    """SIGTERM (running jobs may finish) for up to ``patience`` seconds, then a second SIGTERM
+    (running jobs are handed back), then SIGKILL."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + patience
     codes: list[int | None] = []
     for p in procs:
         try:
-            codes.append(p.wait(timeout=30))
+            codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+            continue
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGTERM)
+        try:
+            codes.append(p.wait(timeout=10))
         except subprocess.TimeoutExpired:
             p.kill()
             codes.append(p.wait())
@@ -133,29 +161,44 @@ def _ms(seconds: float) -> str:
 def run_demo(
     *, database_url: str | None, bob_jobs: int, workers: int, batch: int, job_ms: float, concurrency: int = 10
 ) -> int:
+    """Runs the demo; SIGTERM or SIGHUP stops it cleanly (workers stopped, embedded server removed),
+    with exit status 128 + the signal's number."""
     if bob_jobs < 1 or workers < 1 or not 1 <= batch <= 1000 or job_ms < 0 or concurrency < 1:
         raise ConfigurationError(
             "--bob-jobs, --workers and --concurrency must be at least 1, --batch 1..1000, --job-ms >= 0"
         )
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run(database_url, bob_jobs, workers, batch, job_ms, concurrency)
+    except Terminated as exc:
+        print(f"fairqueue: demo stopped by {exc}; its workers and any embedded server are gone", file=sys.stderr)
+        return 128 + exc.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(database_url: str | None, bob_jobs: int, workers: int, batch: int, job_ms: float, concurrency: int) -> int:
     with _database(database_url) as url:
         migrations.upgrade(url)
         with psycopg.connect(url, autocommit=True) as conn:
             _refuse_a_used_queue(conn, url)
             total = bob_jobs + 1
-            print(f"Starting {workers} worker processes (fairqueue worker --concurrency {concurrency}) ...")
-            procs = _start_workers(url, workers, concurrency, batch)
+            print(f"Starting {workers} worker processes (fairqueue worker --concurrency {concurrency}) ...", flush=True)
+            procs: list[subprocess.Popen[bytes]] = []
             try:
+                _start_workers(url, workers, concurrency, batch, procs)
                 _wait_for_workers(conn, procs)
                 t0 = time.monotonic()
                 with conn.transaction():
                     fairqueue.enqueue_many(
                         conn, [resize_image.using(channel=BOB).spec(i, job_ms) for i in range(bob_jobs)]
                     )
-                print(f"Bob enqueued {bob_jobs:,} jobs in one transaction ({time.monotonic() - t0:.2f} s).")
+                print(f"Bob enqueued {bob_jobs:,} jobs in one transaction ({time.monotonic() - t0:.2f} s).", flush=True)
                 send_invoice.using(channel=ALICE).enqueue(conn, "alice")
-                print("Then Alice enqueued 1 job.")
+                print("Then Alice enqueued 1 job.", flush=True)
             except BaseException:
-                _stop_workers(procs)
+                _stop_workers(procs, patience=2.0)
                 raise
             names: dict[int, str] = {}
             next_line = 0.0
@@ -179,8 +222,14 @@ def run_demo(
                 elapsed = time.monotonic() - t0
                 if sys.stdout.isatty():
                     print()
-            finally:
+            except BaseException:
+                _stop_workers(procs, patience=2.0)  # interrupted: no need to let the demo's jobs finish
+                raise
+            try:
                 codes = _stop_workers(procs)
+            except BaseException:
+                _stop_workers(procs, patience=2.0)
+                raise
             rate = total / elapsed
             print(f"Drained {total:,} jobs in {elapsed:.1f} s ({rate:,.0f} jobs/s); workers exited with {codes}.")
             print()

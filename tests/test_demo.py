@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ import pytest
 
 import fairqueue
 from fairqueue.urls import database_name
-from tests.helpers import count
+from tests.helpers import count, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_ARGS = ["--bob-jobs", "600", "--workers", "2"]
@@ -161,3 +163,69 @@ def test_the_demo_refuses_a_database_where_other_workers_run(
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "has 1 registered worker (they would take the demo's jobs)" in lines[0], result.stderr
     assert count(conn, "job") == 0 and count(conn, "completed_job") == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's, so alive
+        return True
+    # a zombie (exited, not yet reaped by its parent) is gone for our purpose
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signalled_demo_stops_its_workers_and_removes_its_server(tmp_path: Path, sig: signal.Signals) -> None:
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            # slow jobs: it is still draining when the signal comes
+            [sys.executable, "-m", "fairqueue", "demo", "--bob-jobs", "200", "--workers", "2", "--job-ms", "5000"],
+            cwd=REPO,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    workers: list[int] = []
+    postmaster: int | None = None
+    datadir: Path | None = None
+    try:
+        wait_for(
+            lambda: "Then Alice enqueued 1 job." in out.read_text() or proc.poll() is not None,
+            timeout=120,
+            what="the demo to start its workers and enqueue",
+        )
+        output = out.read_text()
+        assert proc.poll() is None, output + err.read_text()
+        found = re.search(r"PostgreSQL \S+ in (\S+)", output)
+        assert found, output
+        datadir = Path(found[1])
+        postmaster = int((datadir / "data" / "postmaster.pid").read_text().split()[0])
+        workers = workers_of(datadir.name)
+        assert len(workers) == 2 and _alive(postmaster), (workers, output)
+
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 128 + sig
+        assert f"demo stopped by {sig.name}" in err.read_text()
+        gone = [*workers, postmaster]
+        wait_for(lambda: not any(_alive(pid) for pid in gone), timeout=10, what="its processes to end")
+        assert workers_of(datadir.name) == []
+        assert not datadir.exists()
+    finally:  # whatever the demo left behind (when this test fails) must not outlive it
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if postmaster is not None and _alive(postmaster):
+            os.kill(postmaster, signal.SIGQUIT)  # PostgreSQL's immediate shutdown
+        if datadir is not None:
+            shutil.rmtree(datadir, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -138,6 +139,36 @@ def _bounded_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _port(text: str) -> int:
+    value = int(text) if re.fullmatch(r"[0-9]{1,5}", text.strip()) else 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text!r}")
+    return value
+
+
+def _seconds(high: float, *, zero_ok: bool = False) -> Callable[[str], float]:
+    """argparse type of a duration: a finite number of seconds, more than zero (or zero), at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value >= 0 if zero_ok else value > 0) or not value <= high:  # also refuses nan
+            low = "zero or more" if zero_ok else "more than zero"
+            raise argparse.ArgumentTypeError(f"must be {low} seconds and at most {high:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors on one line, like every other error of the command line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"fairqueue: error: {_one_line(message)} (see: {self.prog} --help)\n")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -191,6 +222,8 @@ def _parse_job_args(text: str | None) -> dict[str, Any]:
         value = json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise InvalidJobError(f"{source} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidJobError(f"{source} is nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidJobError(f'{source} must be a JSON object such as {{"user_id": 42}}, got {_json_type(value)}')
     encode_json("args", value, limit=settings.max_args_bytes, require_object=True)  # size, NUL characters
@@ -632,6 +665,8 @@ def _add_archive_command(commands: Any) -> None:
 
 def add_worker_options(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None) -> None:
     """The options of ``fairqueue worker`` (also ``manage.py runworker``, whose settings give ``defaults``)."""
+    from fairqueue.validation import WORKER_SECONDS_BOUNDS
+
     parser.add_argument(
         "--import",
         dest="imports",
@@ -647,20 +682,26 @@ def add_worker_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]
     parser.add_argument("--name", default=None, help="worker name shown in status (default host:pid)")
     parser.add_argument(
         "--lease",
-        type=float,
+        type=_seconds(WORKER_SECONDS_BOUNDS["lease"]),
         default=10.0,
         help="seconds without a heartbeat after which this worker's jobs are re-run elsewhere (default 10)",
     )
     parser.add_argument(
-        "--poll-interval", type=float, default=1.0, help="longest wait between claims without a notification (s)"
+        "--poll-interval",
+        type=_seconds(WORKER_SECONDS_BOUNDS["poll_interval"]),
+        default=1.0,
+        help="longest wait between claims without a notification (s)",
     )
     parser.add_argument(
-        "--grace", type=float, default=30.0, help="on SIGTERM, seconds running jobs may take to finish (default 30)"
+        "--grace",
+        type=_seconds(WORKER_SECONDS_BOUNDS["grace"], zero_ok=True),
+        default=30.0,
+        help="on SIGTERM, seconds running jobs may take to finish (default 30)",
     )
     parser.add_argument(
         "--no-maintenance", action="store_true", help="never take the maintenance role (another worker does it)"
     )
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=_port, default=None, help="serve Prometheus metrics on this port")
     parser.add_argument(
         "--metrics-host",
         default="0.0.0.0",  # noqa: S104 - scraped from other hosts
@@ -673,7 +714,7 @@ def add_worker_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fairqueue",
         description="A fair, multi-tenant job queue in PostgreSQL.",
     )

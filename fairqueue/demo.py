@@ -7,6 +7,7 @@ the history table and stops them (SIGTERM, graceful) when every job is done.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -163,7 +164,7 @@ def run_demo(
 ) -> int:
     """Runs the demo; SIGTERM or SIGHUP stops it cleanly (workers stopped, embedded server removed),
     with exit status 128 + the signal's number."""
-    if bob_jobs < 1 or workers < 1 or not 1 <= batch <= 1000 or job_ms < 0 or concurrency < 1:
+    if bob_jobs < 1 or workers < 1 or not 1 <= batch <= 1000 or not 0 <= job_ms < math.inf or concurrency < 1:
         raise ConfigurationError(
             "--bob-jobs, --workers and --concurrency must be at least 1, --batch 1..1000, --job-ms >= 0"
         )

@@ -15,6 +15,16 @@ MAX_NAME = 255
 MAX_CHANNEL = 200
 MAX_ATTEMPTS = 1000
 MAX_WEIGHT = 1000
+MAX_SECONDS = 10 * 365 * 86400.0  # the longest delay, timeout or backoff: 10 years
+# The longest each duration of a worker's settings may be, in seconds: its lease becomes a
+# PostgreSQL interval, and the others are waits that must end.
+WORKER_SECONDS_BOUNDS = {
+    "lease": 86400.0,
+    "poll_interval": 3600.0,
+    "grace": 86400.0,
+    "maintenance_interval": 3600.0,
+    "reconnect_max": 3600.0,
+}
 MAX_CONCURRENCY = 1_000_000  # a channel's cap (the claim adds to it as a PostgreSQL integer)
 MAX_BURST = 1_000_000
 MAX_RATE = 1_000_000.0  # jobs per second
@@ -128,6 +138,8 @@ def check_seconds(what: str, value: object, *, allow_zero: bool = False) -> floa
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "more than zero"
         raise InvalidJobError(f"{what} must be {bound} seconds, got {seconds}")
+    if seconds > MAX_SECONDS:
+        raise InvalidJobError(f"{what} must be at most 10 years ({MAX_SECONDS:,.0f} seconds), got {seconds:g}")
     return seconds
 
 

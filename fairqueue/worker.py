@@ -58,7 +58,7 @@ from fairqueue.maintenance import Maintainer, try_become_maintainer
 from fairqueue.metrics import Metrics
 from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
 from fairqueue.urls import redact, to_libpq, to_sqlalchemy
-from fairqueue.validation import check_result, clean_text
+from fairqueue.validation import WORKER_SECONDS_BOUNDS, check_result, check_text, clean_text
 
 log = logging.getLogger("fairqueue.worker")
 T = TypeVar("T")
@@ -86,18 +86,27 @@ class WorkerConfig:
     reconnect_max: float = 5.0
 
     def check(self) -> None:
-        def positive(name: str, value: float) -> None:
-            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-                raise ConfigurationError(f"{name} must be a positive number, got {value!r}")
+        def seconds(name: str, high: float) -> None:
+            value, zero_ok = getattr(self, name), name == "grace"
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or not (value >= 0 if zero_ok else value > 0) or value > high:
+                low = "zero or more" if zero_ok else "more than zero"
+                raise ConfigurationError(f"{name} must be {low} seconds and at most {high:g}, got {value!r}")
 
         if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 10_000:
             raise ConfigurationError(f"concurrency must be a whole number from 1 to 10000, got {self.concurrency!r}")
         if self.batch is not None and (not isinstance(self.batch, int) or not 1 <= self.batch <= 1000):
             raise ConfigurationError(f"batch must be a whole number from 1 to 1000, got {self.batch!r}")
-        for name in ("lease", "poll_interval", "maintenance_interval", "reconnect_max"):
-            positive(name, getattr(self, name))
-        if not isinstance(self.grace, int | float) or self.grace < 0:
-            raise ConfigurationError(f"grace must be zero or more seconds, got {self.grace!r}")
+        for name, high in WORKER_SECONDS_BOUNDS.items():
+            seconds(name, high)
+        days = self.partition_days_ahead
+        if not isinstance(days, int) or isinstance(days, bool) or not 0 <= days <= 365:
+            raise ConfigurationError(f"partition_days_ahead must be a whole number from 0 to 365, got {days!r}")
+        if self.name is not None:
+            try:
+                check_text("name", self.name)
+            except ValueError as exc:
+                raise ConfigurationError(f"worker {exc}") from None
 
     @property
     def claim_limit(self) -> int:

@@ -420,6 +420,15 @@ def test_a_worker_refuses_a_database_without_fairqueue(empty_database_url: str) 
         ("batch", 5000, "batch must be"),
         ("lease", 0, "lease must be"),
         ("grace", -1, "grace must be"),
+        ("grace", float("nan"), "grace must be zero or more seconds and at most 86400"),
+        ("lease", float("inf"), "lease must be more than zero seconds and at most 86400"),
+        ("lease", 1e300, "lease must be"),
+        ("poll_interval", float("inf"), "poll_interval must be more than zero seconds and at most 3600"),
+        ("maintenance_interval", float("nan"), "maintenance_interval must be"),
+        ("reconnect_max", 1e9, "reconnect_max must be"),
+        ("partition_days_ahead", 10**6, "partition_days_ahead must be"),
+        ("name", "bad\x00name", "worker name must not contain NUL"),
+        ("name", "\ud800", "worker name must be valid Unicode"),
     ],
 )
 def test_bad_worker_settings_are_refused(option: str, value: object, message: str) -> None:

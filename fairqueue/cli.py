@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import re
@@ -98,6 +99,12 @@ def run_worker(
         worker = Worker(config, metrics=metrics, around_job=around_job, job_transaction=job_transaction)
         worker.install_signal_handlers()
         return worker.run()
+    except Exception as exc:
+        if isinstance(exc, FairqueueError) or psycopg_error(exc) is not None:
+            raise  # a configuration or database problem: one line on stderr (see main)
+        # a bug: in the log's own format (one JSON record under --log-format json), with the traceback
+        logging.getLogger("fairqueue.worker").critical("the worker crashed", exc_info=True)
+        return EXIT_FAILURE
     finally:
         if server is not None:
             server.close()

@@ -237,3 +237,14 @@ def test_a_worker_runs_a_job_serves_metrics_logs_json_and_stops_on_sigterm(
         assert isinstance(record, dict) and "message" in record, line
         messages.append(record["message"])
     assert "worker started" in messages and "worker stopped" in messages
+
+
+def test_a_crash_under_json_logging_is_one_json_record_with_the_traceback(db_url: str) -> None:
+    result = fairqueue_cli(
+        "worker", "--database-url", db_url, "--import", "tests.crashing_tasks", "--log-format", "json"
+    )
+    assert result.returncode == 1, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines()]  # every line is JSON
+    [crash] = [r for r in records if r["level"] == "CRITICAL"]
+    assert crash["message"] == "the worker crashed"
+    assert "RuntimeError: a bug while registering" in crash["exc"] and "Traceback" in crash["exc"]

@@ -615,3 +615,29 @@ def test_a_failing_claim_logs_the_database_message_without_its_context(
     wait_for(lambda: worker_log.count("claim failed; retrying shortly"), what="a failed claim")
     record = next(r for r in worker_log.records if r.getMessage() == "claim failed; retrying shortly")
     assert record.error == "interval out of range"  # type: ignore[attr-defined]
+
+
+def test_an_error_of_the_maintenance_role_is_logged_on_one_line(
+    conn: psycopg.Connection[Any], start_worker: Starter, worker_log: Records
+) -> None:
+    # an error raised inside a fairqueue function comes with CONTEXT lines
+    conn.execute(
+        """
+        CREATE OR REPLACE FUNCTION public.test_keep_workers() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION 'the test keeps worker rows' USING DETAIL = E'line one\n\tline two';
+        END $$;
+        CREATE OR REPLACE TRIGGER test_keep_workers BEFORE DELETE ON fairqueue.worker
+            FOR EACH ROW WHEN (OLD.name = 'expired') EXECUTE FUNCTION public.test_keep_workers();
+        """
+    )
+    try:
+        fairqueue.register_worker(conn, "expired", lease_seconds=0.001)
+        start_worker(maintenance_interval=0.1)
+        message = "lost the maintenance role with its connection"
+        wait_for(lambda: worker_log.count(message), what="the failed chore to be logged")
+        record: Any = next(r for r in worker_log.records if r.getMessage() == message)
+        assert record.error == "the test keeps worker rows"
+    finally:
+        conn.execute("DROP TRIGGER IF EXISTS test_keep_workers ON fairqueue.worker")
+        conn.execute("DROP FUNCTION IF EXISTS public.test_keep_workers()")

@@ -188,6 +188,21 @@ class ChannelWakeup(Base):
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
 
 
+class ChannelDebt(Base):
+    """Virtual time a claim charged to a channel it served without holding the channel's row;
+    the next holder of the row adds it to the channel's ``vtime``."""
+
+    __tablename__ = "channel_debt"
+    __table_args__ = (
+        Index("channel_debt_channel_idx", "channel"),
+        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": 200}},
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    channel: Mapped[str] = mapped_column(Text)
+    vtime: Mapped[float] = mapped_column(Double)
+
+
 class Worker(Base):
     __tablename__ = "worker"
 

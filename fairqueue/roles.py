@@ -58,6 +58,7 @@ READABLE_TABLES = (
     "fifo_waiting",
     "channel",
     "channel_wakeup",
+    "channel_debt",
     "worker",
     "completed_job",
     "periodic_schedule",

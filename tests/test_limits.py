@@ -119,11 +119,36 @@ def test_claim_does_not_wait_for_a_claimer_holding_its_transaction(
     slow.commit()
 
 
-def test_claim_waits_briefly_rather_than_come_back_empty_while_work_exists(
+def test_a_claim_shares_a_held_channel_without_limits_instead_of_waiting(
     connect: Connections, conn: psycopg.Connection[Any]
 ) -> None:
-    """Work-conserving: with one busy channel held by another claimer for the length of its claim,
-    the second claimer waits for it instead of returning nothing."""
+    """Work-conserving without queueing: with one busy channel held by another claimer for the length
+    of its claim, the second claimer takes the channel's next jobs at once (never the same ones), and
+    the virtual time it did not charge is owed, then paid by the next holder of the channel's row."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 20)
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, w1, 1)  # bob is active (vtime 1)
+    first = connect(autocommit=False)
+    held = fairqueue.claim_batch(first, w1, 5)  # holds bob's row until it commits
+    got: list[fairqueue.ClaimedJob] = []
+    waited = race_against_open_transaction(conn, first, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
+    assert not waited, "the second claim should not wait for bob's row"
+    assert len(got) == 5 and not {j.id for j in got} & {j.id for j in held}
+    assert conn.execute("SELECT channel, vtime FROM fairqueue.channel_debt").fetchall() == [("bob", 5.0)]
+    assert conn.execute("SELECT vtime FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (6.0,)
+
+    assert len(fairqueue.claim_batch(conn, w1, 2)) == 2  # pays the debt (the row is free), then charges
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_debt").fetchone() == (0,)
+    assert conn.execute("SELECT vtime FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (13.0,)
+    assert_consistent(conn)
+
+
+def test_claim_waits_briefly_for_a_held_capped_channel_rather_than_come_back_empty(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """A capped (or rate-limited) channel needs its row for the exact count, so it is not shared:
+    with it held by another claimer, the second claimer waits for it instead of returning nothing."""
+    fairqueue.configure_channel(conn, "bob", max_concurrency=100)
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 20)
     w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
     fairqueue.claim_batch(conn, w1, 1)  # bob is active
@@ -133,6 +158,8 @@ def test_claim_waits_briefly_rather_than_come_back_empty_while_work_exists(
     waited = race_against_open_transaction(conn, first, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
     assert waited, "the second claim should wait for bob"
     assert len(got) == 5
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_debt").fetchone() == (0,)
+    assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (11,)
 
 
 def test_rate_limit_holds_across_claimers(connect: Connections, conn: psycopg.Connection[Any]) -> None:

@@ -251,22 +251,79 @@ def _parse_run_at(text: str) -> datetime:
     return when
 
 
+# Live workers, and those of them that may run `kind`: it is in their task list, or their list is
+# not all they run (cut short, or tasks found by a resolver such as Django's; workers from before
+# "tasks_complete" listed at most 100 names).
+WORKERS_KNOWING = """
+SELECT count(*),
+       count(*) FILTER (WHERE jsonb_typeof(info->'tasks') IS DISTINCT FROM 'array'
+                           OR info->'tasks' ? %(kind)s
+                           OR NOT CASE WHEN jsonb_typeof(info->'tasks_complete') = 'boolean'
+                                       THEN (info->'tasks_complete')::boolean
+                                       ELSE jsonb_array_length(info->'tasks') < 100 END)
+FROM fairqueue.worker
+WHERE lease_expires_at > clock_timestamp()
+"""
+
+
+def _unknown_task_warning(conn: psycopg.Connection[Any], kind: str) -> str | None:
+    """A warning if no live worker runs task ``kind`` (never an error: producers may enqueue
+    before the workers that run a new task are deployed)."""
+    try:
+        with conn.transaction():  # a savepoint: a failure here must not cost the enqueue
+            row = conn.execute(WORKERS_KNOWING, {"kind": kind}).fetchone()
+    except Exception:  # the warning is a courtesy
+        return None
+    live, knowing = row if row else (0, 0)
+    if knowing:
+        return None
+    if not live:
+        return (
+            f"no worker is running, so none could be asked about task {kind!r}; "
+            "the job waits for one (check the name against the workers' --import)"
+        )
+    return (
+        f"none of the {live} running worker{'' if live == 1 else 's'} knows task {kind!r}; unless a worker that "
+        "imports it starts in time, the job fails as an unknown task (check the name, or the workers' --import)"
+    )
+
+
+def _imported_task(kind: str, modules: list[str]) -> Any:
+    """The task named ``kind`` from the modules given with --import."""
+    from fairqueue.tasks import registry
+    from fairqueue.worker import import_task_modules
+
+    import_task_modules(modules)
+    task = registry.get(kind)
+    if task is None:
+        known = ", ".join(registry.names()[:20]) or "none"
+        raise ConfigurationError(f"no task {kind!r} in the modules given with --import (they define: {known})")
+    return task
+
+
 def _cmd_enqueue(args: argparse.Namespace) -> int:
     from fairqueue.errors import DuplicateJobError
     from fairqueue.producer import enqueue
 
     job_args = _parse_job_args(args.args)
     run_at = None if args.run_at is None else _parse_run_at(args.run_at)
+    channel, max_attempts = args.channel, args.max_attempts
+    if args.imports:
+        # the task's own defaults, as task.enqueue would use them; its timeout applies when it runs
+        task = _imported_task(args.kind, args.imports)
+        task.call_arguments(job_args)  # the args must fit its signature (BadArgumentsError)
+        channel = task.channel if channel is None else channel
+        max_attempts = task.max_attempts if max_attempts is None else max_attempts
     with _connect(args) as conn:
         try:
             job_id = enqueue(
                 conn,
                 args.kind,
                 job_args,
-                channel=args.channel,
+                channel="default" if channel is None else channel,
                 run_at=run_at,
                 delay=args.delay,
-                max_attempts=args.max_attempts,
+                max_attempts=max_attempts,
                 timeout=args.timeout,
                 unique_key=args.unique_key,
                 fifo_key=args.fifo_key,
@@ -277,7 +334,10 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
             conn.rollback()
             print(f"fairqueue: note: {exc}; nothing enqueued, printing its id", file=sys.stderr)
             job_id = exc.existing_job_id
+        warning = _unknown_task_warning(conn, args.kind)  # once the kind is known to be a valid name
     print(job_id)
+    if warning:
+        print(f"fairqueue: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -460,13 +520,20 @@ def _add_admin_commands(commands: Any) -> None:
     enqueue.add_argument(
         "--args", metavar="JSON", default=None, help="the job's arguments, a JSON object ('-' reads it from stdin)"
     )
-    enqueue.add_argument("--channel", default="default", help="channel (tenant) of the job (default: default)")
+    enqueue.add_argument(
+        "--channel", default=None, help="channel (tenant) of the job (default: the task's with --import, else default)"
+    )
     when = enqueue.add_mutually_exclusive_group()
     when.add_argument("--delay", type=float, metavar="SECONDS", help="do not start before SECONDS from now")
     when.add_argument(
         "--run-at", metavar="ISO8601", help="do not start before then, with a timezone: 2030-01-31T09:00:00+00:00"
     )
-    enqueue.add_argument("--max-attempts", type=int, metavar="N", help="attempts before it fails for good (default 3)")
+    enqueue.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
+        help="attempts before it fails for good (default: the task's with --import, else 3)",
+    )
     enqueue.add_argument("--timeout", type=float, metavar="SECONDS", help="longest run per attempt")
     enqueue.add_argument(
         "--unique-key", metavar="K", help="while an unfinished job holds K, print that job's id instead"
@@ -480,6 +547,14 @@ def _add_admin_commands(commands: Any) -> None:
         default=[],
         metavar="ID",
         help="job ids that must succeed first (repeatable)",
+    )
+    enqueue.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module defining the task (repeatable): use its defaults and check the args against it",
     )
     enqueue.set_defaults(func=_cmd_enqueue)
 

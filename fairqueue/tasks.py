@@ -356,6 +356,11 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._tasks)
 
+    @property
+    def resolves_more(self) -> bool:
+        """True if resolvers may supply tasks beyond :meth:`names`."""
+        return bool(self._resolvers)
+
     def __len__(self) -> int:
         return len(self._tasks)
 

@@ -65,6 +65,7 @@ T = TypeVar("T")
 
 MAX_ERROR_CHARS = 32_000
 MAX_RETRY_IN = 365 * 86400.0  # the longest retry delay a replacement outcome keeps
+MAX_LISTED_TASKS = 1000  # task names a worker records in fairqueue.worker.info
 LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
 STOP_TRIES_FOR = 30.0  # seconds to keep stopping an abandoned handler before leaving its thread be
 EXIT_OK = 0
@@ -377,11 +378,14 @@ class Worker:
         return EXIT_ABORTED if self._aborted.is_set() else EXIT_OK
 
     def _register(self) -> None:
+        names = self.tasks.names()
         info = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "concurrency": self.config.concurrency,
-            "tasks": self.tasks.names()[:100],
+            "tasks": names[:MAX_LISTED_TASKS],
+            # whether "tasks" is every task this worker runs (`fairqueue enqueue` warns about others)
+            "tasks_complete": len(names) <= MAX_LISTED_TASKS and not self.tasks.resolves_more,
         }
         self.worker_id = self._db.call(
             "register",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -14,7 +15,10 @@ import pytest
 import fairqueue
 import fairqueue.config
 from fairqueue.cli import main
-from tests.helpers import count
+from fairqueue.tasks import Registry
+from fairqueue.worker import Worker, WorkerConfig
+from tests import worker_tasks
+from tests.helpers import count, wait_for
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -63,7 +67,11 @@ def test_enqueue_prints_the_id_and_the_job_exists(cli: Run, conn: psycopg.Connec
     code, out, err = cli(
         "enqueue", "emails.send", "--args", '{"to": "a@example.com", "n": [1, 2]}', "--channel", "acme"
     )
-    assert (code, err) == (0, "")
+    assert code == 0
+    assert (
+        err == "fairqueue: warning: no worker is running, so none could be asked about task 'emails.send'; "
+        "the job waits for one (check the name against the workers' --import)\n"
+    )
     job_id = int(out)  # just the number
     info = fairqueue.get_job(conn, job_id)
     assert info is not None
@@ -93,6 +101,93 @@ def test_enqueue_options(cli: Run, conn: psycopg.Connection[Any]) -> None:
     assert code == 0, err
     info = fairqueue.get_job(conn, int(out))
     assert info is not None and info.status == "scheduled" and info.run_at is not None and info.run_at.year == 2999
+
+
+@pytest.fixture
+def running_worker(db_url: str) -> Iterator[Worker]:
+    """A real worker running t.add alone (it registers the names of the tasks it runs)."""
+    tasks = Registry()
+    tasks.add(worker_tasks.add)
+    config = WorkerConfig(database_url=db_url, concurrency=1, poll_interval=0.2, maintenance=False)
+    worker = Worker(config, tasks=tasks)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    wait_for(lambda: worker.worker_id, what="the worker to register")
+    yield worker
+    worker.stop()
+    thread.join(20)
+
+
+def test_enqueue_warns_when_no_running_worker_knows_the_task(
+    cli: Run, conn: psycopg.Connection[Any], running_worker: Worker
+) -> None:
+    code, out, err = cli("enqueue", "no.such.task", "--channel", "acme", "--delay", "3600")
+    assert code == 0 and int(out) > 0  # enqueued all the same: its worker may be deployed later
+    assert err == (
+        "fairqueue: warning: none of the 1 running worker knows task 'no.such.task'; unless a worker that imports "
+        "it starts in time, the job fails as an unknown task (check the name, or the workers' --import)\n"
+    )
+    assert count(conn, "job") == 1
+    code, out, err = cli("enqueue", "t.add", "--args", '{"a": 1}')
+    assert (code, err) == (0, "")
+    assert finished_result(conn, int(out)) == 1
+
+
+def test_enqueue_does_not_warn_when_a_worker_may_know_more_tasks_than_it_lists(
+    cli: Run, conn: psycopg.Connection[Any]
+) -> None:
+    complete = {"tasks": ["a"], "tasks_complete": True}
+    fairqueue.register_worker(conn, "lists-all", lease_seconds=300, info=complete)
+    code, _, err = cli("enqueue", "b", "--delay", "3600")
+    assert code == 0 and "none of the 1 running worker knows task 'b'" in err
+    fairqueue.register_worker(conn, "django", lease_seconds=300, info={"tasks": ["a"], "tasks_complete": False})
+    fairqueue.register_worker(conn, "older", lease_seconds=300, info={"tasks": [f"t{i}" for i in range(100)]})
+    code, _, err = cli("enqueue", "b", "--delay", "3600")
+    assert (code, err) == (0, "")
+
+
+def finished_result(conn: psycopg.Connection[Any], job_id: int) -> Any:
+    def done() -> Any:
+        info = fairqueue.get_job(conn, job_id)
+        return info if info is not None and info.finished else None
+
+    info = wait_for(done, what=f"job {job_id} to finish")
+    assert info.status == "succeeded", info
+    return info.result
+
+
+def test_enqueue_with_import_uses_the_tasks_defaults_and_checks_the_args(
+    cli: Run, conn: psycopg.Connection[Any]
+) -> None:
+    code, out, err = cli("enqueue", "t.tenant_report", "--import", "tests.worker_tasks", "--args", '{"tenant": "acme"}')
+    assert code == 0, err
+    row = conn.execute("SELECT channel, max_attempts, timeout_seconds FROM fairqueue.job WHERE id = %s", (int(out),))
+    assert row.fetchone() == ("reports", 7, None)  # its timeout applies when it runs, as with task.enqueue
+    # what the command line says wins
+    code, out, err = cli(
+        "enqueue", "t.tenant_report", "--import", "tests.worker_tasks", "--args", '{"tenant": "acme"}',
+        "--channel", "acme", "--max-attempts", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    row = conn.execute("SELECT channel, max_attempts FROM fairqueue.job WHERE id = %s", (int(out),))
+    assert row.fetchone() == ("acme", 2)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["t.tenant_report", "--args", '{"tenant": "acme", "nope": 1}'], "arguments do not fit t.tenant_report"),
+        (["t.tenant_report"], "missing a required argument: 'tenant'"),
+        (["no.such.task"], "no task 'no.such.task' in the modules given with --import"),
+    ],
+)
+def test_enqueue_with_import_refuses_what_the_task_cannot_run(
+    cli: Run, conn: psycopg.Connection[Any], argv: list[str], message: str
+) -> None:
+    code, out, err = cli("enqueue", *argv, "--import", "tests.worker_tasks")
+    assert (code, out) == (2, "")
+    assert message in _one_error_line(err)
+    assert count(conn, "job") == 0
 
 
 def test_enqueue_with_a_held_unique_key_prints_the_existing_id(cli: Run, conn: psycopg.Connection[Any]) -> None:

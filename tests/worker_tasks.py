@@ -176,3 +176,9 @@ def bad_text(what: str, barrier: str, where: str = "error") -> object:
     if where == "result":
         return {"text": BAD_TEXTS[what]}
     raise ValueError(BAD_TEXTS[what])
+
+
+@fairqueue.task(name="t.tenant_report", channel="reports", max_attempts=7, timeout=12.5)
+def tenant_report(tenant: str) -> str:
+    """A task with defaults of its own (channel, attempts, timeout)."""
+    return f"report for {tenant}"

@@ -4,15 +4,23 @@ The traps this module takes care of (each one costs an afternoon the first time)
 
 - the JDBC driver must be on the classpath (``spark.jars``) *and* named in every read/write
   (``driver=org.postgresql.Driver``), or Spark answers "No suitable driver";
-- executors must run this Python (``PYSPARK_PYTHON``), or they miss fairqueue and psycopg;
+- executors must run this Python (``PYSPARK_PYTHON``), or they miss fairqueue and psycopg: set
+  to this interpreter for local masters only (on a cluster, the executors' Python is the cluster's);
+- a ``spark.jars`` the user gives (``config``, or ``spark-defaults.conf``) is kept: the driver jar is
+  appended to it;
 - on machines with several interfaces the driver must bind to an address executors can reach;
   locally that is 127.0.0.1;
-- JDBC cannot use a unix socket: the database URL must name a TCP host.
+- JDBC cannot use a unix socket: the database URL must name a TCP host;
+- an unreachable standalone master (``spark://host:port``) makes Spark retry for a minute and print
+  pages of stack traces: it is checked first, and the command-line tools start Spark quietly.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +33,8 @@ from fairqueue.urls import redact, to_libpq
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 JAR_ENV = "FAIRQUEUE_JDBC_JAR"
 DEFAULT_JARS = ("/usr/share/java/postgresql.jar",)  # Debian's libpostgresql-jdbc-java
@@ -82,13 +92,141 @@ def jdbc_target(database_url: str) -> JdbcTarget:
     return JdbcTarget(url=f"jdbc:postgresql://{host}:{port}/{dbname}", properties=properties)
 
 
+def is_local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[N,F]``, ``local[*]``, ``local-cluster[...]``."""
+    return master.strip().startswith("local")
+
+
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """(host, port) of each master in a standalone URL ``spark://h1:7077[,h2:7077]``; [] for other masters."""
+    if not master.startswith("spark://"):
+        return []
+    found = []
+    for part in master.removeprefix("spark://").split(","):
+        match = re.fullmatch(r"(\[[^\]]+\]|[^:/\[\]]+)(?::(\d+))?/?", part.strip())
+        if match is None:
+            return []  # not understood: Spark itself says what is wrong with it
+        found.append((match.group(1).strip("[]"), int(match.group(2) or 7077)))
+    return found
+
+
+def check_master(master: str, *, timeout: float = 5.0) -> None:
+    """Raises :class:`ConfigurationError` unless one of a standalone master's addresses takes a TCP
+    connection (Spark itself would retry for a minute before saying so). Other masters are not checked."""
+    masters = standalone_masters(master)
+    reasons = []
+    for host, port in masters:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    if len(reasons) == 1:
+        raise ConfigurationError(f"cannot reach the Spark master {reasons[0]}")
+    if reasons:
+        raise ConfigurationError(f"cannot reach any of the Spark masters ({'; '.join(reasons)})")
+
+
+def session_environment(master: str) -> dict[str, str]:
+    """Environment variables :func:`spark_session` sets for ``master`` where they are not set already. The
+    executors run this Python only for a local master (they are this machine's, and need fairqueue and
+    psycopg); on a cluster their Python is the cluster's business (``PYSPARK_PYTHON`` there, or
+    ``spark.pyspark.python``): a path into this machine's virtualenv would not exist on its nodes."""
+    env = {"PYSPARK_DRIVER_PYTHON": sys.executable}
+    if is_local_master(master):
+        env |= {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    return env
+
+
+def _spark_defaults(key: str) -> str | None:
+    """``key`` in Spark's ``spark-defaults.conf`` (``$SPARK_CONF_DIR``, else ``$SPARK_HOME/conf``), if set."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = os.environ.get("SPARK_HOME")
+        if not home:
+            try:
+                from pyspark.find_spark_home import _find_spark_home
+
+                home = _find_spark_home()
+            except Exception:  # pragma: no cover - no Spark home: no defaults
+                return None
+        conf_dir = os.path.join(home, "conf")
+    path = Path(conf_dir) / "spark-defaults.conf"
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    value = None
+    for line in lines:  # java.util.Properties' common forms: "key value", "key=value", "key: value"
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        parts = re.split(r"\s*[=:]\s*|\s+", stripped, maxsplit=1)
+        if parts[0] == key:
+            value = parts[1].strip() if len(parts) > 1 else ""
+    return value
+
+
+def session_settings(
+    master: str, *, app_name: str = "fairqueue", config: dict[str, str] | None = None, jar: str | None = None
+) -> dict[str, str]:
+    """The settings :func:`spark_session` starts Spark with: ``master``, the JDBC ``jar`` appended to any
+    ``spark.jars`` given (in ``config`` or ``spark-defaults.conf``), local binding for local masters, UTC,
+    then ``config`` (which wins, except that ``spark.jars`` keeps the jar)."""
+    jar = jar or jdbc_jar()
+    given = dict(config or {})
+    settings = {"spark.master": master, "spark.app.name": app_name}
+    if is_local_master(master):
+        settings |= {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+        }
+    settings["spark.sql.session.timeZone"] = "UTC"
+    settings |= given
+    jars = given.get("spark.jars")
+    if jars is None:
+        jars = _spark_defaults("spark.jars")
+    listed = [j.strip() for j in (jars or "").split(",") if j.strip()]
+    if jar not in listed and f"file://{jar}" not in listed and f"local:{jar}" not in listed:
+        listed.append(jar)
+    settings["spark.jars"] = ",".join(listed)
+    return settings
+
+
+def _quiet_jvm(settings: dict[str, str]) -> None:
+    """Starts the JVM with ``settings`` (as pyspark would) and lowers Spark's logging to errors before the
+    SparkContext starts, so a failing start prints one line, not pages of retries and stack traces."""
+    try:
+        from pyspark import SparkConf, SparkContext
+
+        conf = SparkConf(loadDefaults=False)
+        conf.setAll(list(settings.items()))
+        SparkContext._ensure_initialized(conf=conf)
+        jvm: Any = SparkContext._jvm
+        log4j = jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setRootLevel(log4j.Level.ERROR)
+    except Exception as exc:  # pragma: no cover - logging stays as it is
+        log.debug("could not quieten Spark's logging: %s", exc)
+
+
 def spark_session(
-    master: str | None = None, *, app_name: str = "fairqueue", config: dict[str, str] | None = None
+    master: str | None = None,
+    *,
+    app_name: str = "fairqueue",
+    config: dict[str, str] | None = None,
+    quiet: bool = False,
 ) -> SparkSession:
     """A Spark session (``local[*]`` unless ``master`` says otherwise) with the JDBC driver loaded.
 
     Reuses the active session when there is one (its master and jars are then the caller's
-    business). On a cluster, the jar is shipped to the executors through ``spark.jars``.
+    business). On a cluster, the jar is shipped to the executors through ``spark.jars`` (appended to
+    any ``spark.jars`` in ``config`` or ``spark-defaults.conf``). ``config``: more Spark settings, e.g.
+    ``{"spark.driver.memory": "4g"}`` (applied when the JVM starts, so only by the first session of the
+    process). ``quiet``: Spark logs errors only (the command-line tools).
+
+    Raises :class:`ConfigurationError` when PySpark or the JDBC jar is missing, or a standalone master
+    (``spark://``) cannot be reached.
     """
     try:
         from pyspark.sql import SparkSession
@@ -97,16 +235,26 @@ def spark_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    jar = jdbc_jar()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     chosen = master or os.environ.get("FAIRQUEUE_SPARK_MASTER") or "local[*]"
-    builder = SparkSession.builder.master(chosen).appName(app_name).config("spark.jars", jar)
-    if chosen.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-        builder = builder.config("spark.ui.enabled", "false")
-    builder = builder.config("spark.sql.session.timeZone", "UTC")
-    for key, value in (config or {}).items():
+    settings = session_settings(chosen, app_name=app_name, config=config)
+    for name, value in session_environment(chosen).items():
+        os.environ.setdefault(name, value)
+    check_master(chosen)
+    if quiet:
+        _quiet_jvm(settings)
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:
+        text = str(exc)
+        if standalone_masters(chosen) and ("All masters are unresponsive" in text or "stopped SparkContext" in text):
+            where = ", ".join(f"{h}:{p}" for h, p in standalone_masters(chosen))
+            raise ConfigurationError(
+                f"cannot reach the Spark master {where}: it takes connections but did not answer as a Spark master"
+            ) from None
+        raise
+    if quiet:
+        session.sparkContext.setLogLevel("ERROR")
+    return session

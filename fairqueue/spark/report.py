@@ -14,30 +14,43 @@ Figures, per window and channel, per window and kind, per channel and per kind o
 - ``jobs``: final attempts (``final``); ``attempts``: all attempts; ``started``: attempts that started;
 - ``throughput_per_s``: jobs / seconds of the window (clipped to ``since``/``until``);
 - ``wait_p50_s`` .. ``wait_p99_s``: queue wait ``started_at - coalesce(ready_at, enqueued_at)`` over attempts
-  that started, exact percentiles with linear interpolation (PostgreSQL's ``percentile_cont``);
-- ``run_p50_s``, ``run_p95_s``: ``finished_at - started_at`` over attempts that started;
+  that started: approximate percentiles (``percentile_approx`` with accuracy 10,000: the value of an attempt
+  whose rank is within n / 10,000 of the exact rank, nearest rank rather than interpolated; exact percentiles
+  hold all of a group's values in memory, and one big channel exhausts the driver's heap);
+- ``run_p50_s``, ``run_p95_s``: ``finished_at - started_at`` over attempts that started, likewise;
 - ``failure_rate``: final attempts whose outcome is not ``succeeded`` / final attempts;
 - ``retry_rate``: final attempts with ``attempt > 1`` / final attempts.
 
-Per window across channels: Jain's fairness index of the channels' throughput, over the channels with at
-least one attempt in the window: ``(sum x)^2 / (n * sum x^2)`` (1 = equal service; 1/n = one channel got
-everything; undefined, NULL, when no channel finished a job in the window).
+Per window across channels: Jain's index ``(sum x)^2 / (n * sum x^2)`` of the channels' throughput ``x``:
 
-A *starvation incident* is an attempt that started after waiting longer than the threshold (strictly) while
-at least one other channel had an attempt start during that wait, i.e. at a time ``t`` with
-``coalesce(ready_at, enqueued_at) <= t < started_at``. Only attempts selected by the report count, on both
-sides. It is computed without pairing attempts: starts are reduced to (channel, time bucket) presence with
-the first and last start per bucket (bucket = the threshold, so a starved wait always spans two buckets and
-only its two edge buckets need the times), plus coarse buckets of 64 for the middle of long waits; each
-candidate is exploded into the buckets its wait covers and equi-joined with that presence table.
+- ``jain_index`` over the channels *backlogged* in the window: those with an attempt waiting longer than the
+  backlog tolerance (1 s, or the starvation threshold if shorter) at some time in the window, i.e. whose span
+  ``[ready + tolerance, started)`` overlaps it; a backlogged channel that finished nothing counts with 0. It is
+  1 when every channel got what it asked for (no channel backlogged) or the backlogged ones were served
+  equally, and NULL when the backlogged channels finished nothing at all;
+- ``share_jain_index`` over the channels with at least one attempt in the window (NULL when none finished a
+  job): how evenly the jobs were spread, which also reflects how much each channel asked for.
+
+A *starvation incident* is a started attempt that waited longer than the threshold (strictly) *as the head of
+its channel*, while at least one other channel had an attempt start meanwhile. An attempt is its channel's
+head from ``max(coalesce(ready_at, enqueued_at), the channel's previous start)`` (the channel's started
+attempts ordered by start), so a job deep in a backlog that is being served does not count; the wait as head
+must hold a start of another channel at a time ``t`` with ``head_since <= t < started_at``. Only attempts
+selected by the report count, on both sides. It is computed without pairing attempts: starts are reduced to
+(channel, time bucket) presence with the first and last start per bucket (bucket = the threshold, so a
+starved wait always spans two buckets and only its two edge buckets need the times), plus coarse buckets of
+64 for the middle of long waits; each candidate is exploded into the buckets its wait covers and equi-joined
+with that presence table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -74,6 +87,8 @@ NAMED_CHANNELS = 9  # the charts' colours: up to 9 channels by name, the rest as
 TABLE_ROWS = 15  # rows of the channel and kind tables in the HTML
 INCIDENT_ROWS = 50  # starvation incidents listed in the HTML
 COARSE = 64  # fine buckets per coarse bucket in the starvation join
+BACKLOG_TOLERANCE_US = 1_000_000  # an attempt waiting longer than this makes its channel backlogged
+PERCENTILE_ACCURACY = 10_000  # percentile_approx's accuracy: relative rank error at most 1 / this
 _MICROS = 1_000_000
 
 
@@ -187,20 +202,50 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def spark_message(exc: BaseException) -> str:
-    """The first line of what Spark or the JVM said about ``exc``."""
-    java = getattr(exc, "java_exception", None)
+    """The first line of what Spark or the JVM said about ``exc``: the Java exception's ``toString()``, else its
+    ``getMessage()``, else ``str(exc)``, the first that is not empty; else the exception's type."""
+    java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError
+    if java is None:
+        java = getattr(exc, "_origin", None)  # pyspark's captured exceptions (their getMessage() may be "")
+    tries: list[Any] = []
     if java is not None:
-        try:
-            return _one_line(str(java.toString()))
-        except Exception:  # noqa: S110 - the Python message below is the fallback
-            pass
+        tries.append(java.toString)
     message = getattr(exc, "getMessage", None)
     if callable(message):
+        tries.append(message)
+    tries.append(lambda: str(exc))
+    for attempt in tries:
         try:
-            return _one_line(str(message()))
-        except Exception:  # noqa: S110
-            pass
-    return _one_line(str(exc))
+            text = _one_line(str(attempt() or ""))
+        except Exception:  # noqa: S112 - the next source is the fallback
+            continue
+        if text:
+            return text
+    return type(exc).__name__
+
+
+_JVM_GONE = (
+    "OutOfMemoryError",
+    "stopped SparkContext",
+    "SparkContext was shut down",
+    "SparkContext has been shutdown",
+    "Answer from Java side is empty",
+    "Error while sending or receiving",
+    "An error occurred while trying to connect to the Java server",
+)
+MEMORY_HINT = "raise spark.driver.memory (--conf spark.driver.memory=4g)"
+
+
+def spark_failure(exc: BaseException) -> str:
+    """:func:`spark_message`, and what to do when the JVM ran out of memory or stopped."""
+    text = spark_message(exc)
+    try:
+        whole = f"{text} {exc}"
+    except Exception:  # a py4j error's text comes from the JVM, which may be gone
+        whole = text
+    if any(sign in whole for sign in _JVM_GONE) or type(exc).__name__ == "Py4JNetworkError":
+        return f"{text} (Spark ran out of memory or stopped: {MEMORY_HINT})"
+    return text
 
 
 def report_params(
@@ -387,9 +432,11 @@ def _figures(df: DataFrame, keys: list[str], duration: Any, *extra: Any) -> Data
         F.sum(F.col("final").cast("long")).alias("jobs"),
         F.count(F.lit(1)).alias("attempts"),
         F.count(F.col("started_at")).alias("started"),
-        # exact, linear interpolation between the closest ranks: PostgreSQL's percentile_cont
-        F.expr("percentile(wait_s, array(0.5D, 0.95D, 0.99D))").alias("_wait"),
-        F.expr("percentile(run_s, array(0.5D, 0.95D))").alias("_run"),
+        # approximate (Greenwald-Khanna summaries, bounded memory whatever the group's size): the value of an
+        # attempt whose rank is within n / PERCENTILE_ACCURACY of the exact rank; exact percentiles keep every
+        # value of the group in one task's memory, and one big channel is enough to exhaust the heap
+        F.expr(f"percentile_approx(wait_s, array(0.5D, 0.95D, 0.99D), {PERCENTILE_ACCURACY})").alias("_wait"),
+        F.expr(f"percentile_approx(run_s, array(0.5D, 0.95D), {PERCENTILE_ACCURACY})").alias("_run"),
         F.max(F.col("wait_s")).alias("wait_max_s"),
         F.sum(F.col("is_failed").cast("long")).alias("failed_jobs"),
         F.sum(F.col("is_retried").cast("long")).alias("retried_jobs"),
@@ -425,31 +472,93 @@ def _with_share(df: DataFrame, window_key: str) -> DataFrame:
     return df.withColumn("share_of_jobs", F.when(total > 0, F.col("jobs") / total))
 
 
-def _fairness(per_channel: DataFrame, window_key: str) -> DataFrame:
-    """Jain's index of ``throughput_per_s`` across the channels of each window (rows: window x channel)."""
+def backlog_tolerance_us(params: ReportParams) -> int:
+    """How long an attempt may wait before its channel counts as backlogged: 1 s, or the starvation threshold
+    when that is shorter."""
+    return min(BACKLOG_TOLERANCE_US, params.threshold_us)
+
+
+def _backlog_islands(attempts: DataFrame, tolerance_us: int, period: tuple[int, int]) -> DataFrame:
+    """(channel, lo_us, hi_us): the disjoint spans of the period during which the channel had an attempt
+    waiting longer than ``tolerance_us`` (from ``ready + tolerance`` to its start). Overlapping waits are merged
+    first, so a deep backlog is a few spans, not one per job."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    x = F.col("throughput_per_s")
+    spans = (
+        attempts.where(F.col("wait_us") > F.lit(tolerance_us))
+        .select(
+            "channel",
+            F.greatest(F.col("event_us") - F.col("wait_us") + F.lit(tolerance_us), F.lit(period[0])).alias("lo_us"),
+            F.least(F.col("event_us"), F.lit(period[1])).alias("hi_us"),
+        )
+        .where(F.col("lo_us") < F.col("hi_us"))
+    )
+    ordered = Window.partitionBy("channel").orderBy("lo_us", "hi_us")
+    reach = F.max("hi_us").over(ordered.rowsBetween(Window.unboundedPreceding, -1))
     return (
-        per_channel.groupBy(window_key)
+        spans.withColumn("_new", F.when(reach.isNull() | (F.col("lo_us") > reach), 1).otherwise(0))
+        .withColumn("_island", F.sum("_new").over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        .groupBy("channel", "_island")
+        .agg(F.min("lo_us").alias("lo_us"), F.max("hi_us").alias("hi_us"))
+        .drop("_island")
+    )
+
+
+def _backlogged(islands: DataFrame, window_us: int, window_key: str) -> DataFrame:
+    """(window, channel) for every window of ``window_us`` that a channel's backlog spans overlap."""
+    from pyspark.sql import functions as F
+
+    w = f"CAST({window_us} AS BIGINT)"
+    return (
+        islands.select(
+            "channel",
+            F.explode(F.expr(f"sequence(lo_us - pmod(lo_us, {w}), (hi_us - 1) - pmod(hi_us - 1, {w}), {w})")).alias(
+                window_key
+            ),
+        )
+        .distinct()
+        .withColumn("backlogged", F.lit(True))
+    )
+
+
+def _fairness(per_channel: DataFrame, backlogged: DataFrame, window_key: str) -> DataFrame:
+    """Per window (rows of ``per_channel``: window x channel with attempts): Jain's index of ``throughput_per_s``
+    across the channels backlogged in the window (``backlogged``: window x channel; a backlogged channel that
+    finished nothing counts with 0), and across all the channels with attempts (``share_jain_index``)."""
+    from pyspark.sql import functions as F
+
+    x = F.coalesce(F.col("throughput_per_s"), F.lit(0.0))
+    is_backlogged = F.coalesce(F.col("backlogged"), F.lit(False))
+    active = F.col("attempts") > 0
+    rows = per_channel.select(window_key, "channel", "jobs", "attempts", "throughput_per_s").join(
+        backlogged, on=[window_key, "channel"], how="full"
+    )
+    n_b, sum_b, sq_b = F.col("backlogged_channels"), F.col("_sum_b"), F.col("_sq_b")
+    n_a, sum_a, sq_a = F.col("active_channels"), F.col("throughput_per_s"), F.col("_sq_a")
+    return (
+        rows.groupBy(window_key)
         .agg(
-            F.count(F.lit(1)).alias("active_channels"),
+            F.count(F.when(active, True)).alias("active_channels"),
+            F.count(F.when(is_backlogged, True)).alias("backlogged_channels"),
             F.sum(F.col("jobs")).alias("jobs"),
             F.sum(F.col("attempts")).alias("attempts"),
-            F.sum(x).alias("throughput_per_s"),
-            F.sum(x * x).alias("_sum_sq"),
-            F.max(F.struct(F.col("jobs"), F.col("channel"))).alias("_top"),
+            F.sum(F.when(active, x)).alias("throughput_per_s"),
+            F.sum(F.when(active, x * x)).alias("_sq_a"),
+            F.sum(F.when(is_backlogged, x)).alias("_sum_b"),
+            F.sum(F.when(is_backlogged, x * x)).alias("_sq_b"),
+            F.max(F.when(active, F.struct(F.col("jobs"), F.col("channel")))).alias("_top"),
         )
+        .where(n_a > 0)  # windows with attempts (a backlog alone does not make a row)
         .select(
             window_key,
             "active_channels",
+            "backlogged_channels",
             "jobs",
             "attempts",
             "throughput_per_s",
-            F.when(
-                F.col("_sum_sq") > 0,
-                F.col("throughput_per_s") * F.col("throughput_per_s") / (F.col("active_channels") * F.col("_sum_sq")),
-            ).alias("jain_index"),
+            F.when(n_b == 0, F.lit(1.0)).when(sq_b > 0, sum_b * sum_b / (n_b * sq_b)).alias("jain_index"),
+            F.when(sq_a > 0, sum_a * sum_a / (n_a * sq_a)).alias("share_jain_index"),
             F.col("_top.channel").alias("top_channel"),
             F.when(F.col("jobs") > 0, F.col("_top.jobs") / F.col("jobs")).alias("top_share"),
         )
@@ -458,6 +567,7 @@ def _fairness(per_channel: DataFrame, window_key: str) -> DataFrame:
 
 def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
     """The starvation incidents (see the module's docstring), one row each."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     started = attempts.where(F.col("started_at").isNotNull()).withColumn("s_us", F.unix_micros(F.col("started_at")))
@@ -477,7 +587,12 @@ def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
         )
         .withColumnRenamed("channel", "other_channel")
     )
-    # candidates: waited longer than the threshold, so their wait spans at least two buckets
+    # each attempt is its channel's head from when it was ready or the channel's previous start, whichever is
+    # later: a job deep in a backlog is not starved while the jobs ahead of it are being served
+    in_channel = Window.partitionBy("channel").orderBy("s_us", "job_id", "attempt", "outcome", "finished_at")
+    ready = F.col("s_us") - F.col("wait_us")
+    heads = started.withColumn("r_us", F.greatest(ready, F.coalesce(F.lag("s_us").over(in_channel), ready)))
+    # candidates: waited as the head longer than the threshold, so their wait spans at least two buckets
     k = f"CAST({COARSE} AS BIGINT)"
     cells = f"""CASE WHEN c_lo <= c_hi THEN concat(
             transform(sequence(f_r, c_lo * {k} - 1), b -> named_struct('level', 0, 'bucket', b)),
@@ -485,7 +600,7 @@ def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
             transform(sequence((c_hi + 1) * {k}, f_s), b -> named_struct('level', 0, 'bucket', b)))
         ELSE transform(sequence(f_r, f_s), b -> named_struct('level', 0, 'bucket', b)) END"""
     candidates = (
-        started.where(F.col("wait_us") > F.lit(threshold_us))
+        heads.where(F.col("s_us") - F.col("r_us") > F.lit(threshold_us))
         .select(
             "job_id",
             "attempt",
@@ -494,9 +609,9 @@ def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
             "channel",
             "kind",
             "window_start",
-            "wait_s",
+            F.col("wait_s").alias("queue_wait_s"),
             "s_us",
-            (F.col("s_us") - F.col("wait_us")).alias("r_us"),
+            "r_us",
         )
         .withColumn("f_r", _floor_div("r_us", threshold_us))
         .withColumn("f_s", _floor_div("s_us", threshold_us))
@@ -516,7 +631,9 @@ def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
     return (
         candidates.join(served, on=["level", "bucket"])
         .where((F.col("other_channel") != F.col("channel")) & meanwhile)
-        .groupBy("job_id", "attempt", "outcome", "finished_at", "channel", "kind", "window_start", "wait_s", "r_us")
+        .groupBy(
+            "job_id", "attempt", "outcome", "finished_at", "channel", "kind", "window_start", "queue_wait_s", "r_us"
+        )
         .agg(F.size(F.collect_set("other_channel")).alias("other_channels_served"), F.max("s_us").alias("s_us"))
         .select(
             "window_start",
@@ -527,7 +644,8 @@ def _starvation(attempts: DataFrame, threshold_us: int) -> DataFrame:
             "outcome",
             F.timestamp_micros(F.col("r_us")).alias("waiting_since"),
             F.timestamp_micros(F.col("s_us")).alias("started_at"),
-            "wait_s",
+            ((F.col("s_us") - F.col("r_us")) / F.lit(float(_MICROS))).alias("wait_s"),
+            "queue_wait_s",
             "other_channels_served",
         )
     )
@@ -633,12 +751,13 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
     channel_windows = _keep(_with_share(_figures(attempts, ["window_us", "channel"], window_duration), "window_us"))
     kind_windows = _with_share(_figures(attempts, ["window_us", "kind"], window_duration), "window_us")
     starvation = _keep(_starvation(attempts, params.threshold_us))
-    report.cached += [channel_windows, starvation]
+    islands = _keep(_backlog_islands(attempts, backlog_tolerance_us(params), (period_start_us, period_end_us)))
+    report.cached += [channel_windows, starvation, islands]
     starved_per_window = starvation.groupBy("window_start").agg(
         F.count(F.lit(1)).alias("starvation_incidents"), F.size(F.collect_set("channel")).alias("starved_channels")
     )
     fairness_windows = (
-        _fairness(channel_windows, "window_us")
+        _fairness(channel_windows, _backlogged(islands, w_us, "window_us"), "window_us")
         .withColumn("window_start", F.timestamp_micros(F.col("window_us")))
         .join(starved_per_window, on="window_start", how="left")
         .fillna(0, subset=["starvation_incidents", "starved_channels"])
@@ -716,7 +835,9 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         ).orderBy("window_start"),
         "starvation": starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
     }
-    report.page = _page(report, attempts, channels, kinds, fairness_rows, starvation, period_start_us, period_end_us)
+    report.page = _page(
+        report, attempts, channels, kinds, fairness_rows, starvation, islands, period_start_us, period_end_us
+    )
 
 
 _COUNTS = frozenset({"jobs", "attempts", "started", "failed_jobs", "retried_jobs"})
@@ -786,6 +907,7 @@ def _page(
     kinds: DataFrame,
     fairness_rows: list[dict[str, Any]],
     starvation: DataFrame,
+    islands: DataFrame,
     period_start_us: int,
     period_end_us: int,
 ) -> dict[str, Any]:
@@ -821,7 +943,7 @@ def _page(
             F.unix_micros(F.col("window_start")) - F.pmod(F.unix_micros(F.col("window_start")), F.lit(cw_us)),
         )
         fairness = _rows(
-            _fairness(per_channel, "chart_us")
+            _fairness(per_channel, _backlogged(islands, cw_us, "chart_us"), "chart_us")
             .join(
                 starved.groupBy("chart_us").agg(
                     F.count(F.lit(1)).alias("starvation_incidents"),
@@ -842,6 +964,7 @@ def _page(
         "window_seconds": params.window_seconds,
         "chart_window_seconds": cw_us / _MICROS,
         "threshold_seconds": params.threshold_seconds,
+        "backlog_tolerance_seconds": backlog_tolerance_us(params) / _MICROS,
         "summary": dict(report.summary),
         "groups": names + ([None] if other_channels > 0 else []),
         "other_channels": max(0, other_channels),
@@ -874,52 +997,111 @@ def _is_uri(path: str) -> bool:
 
 class _Output:
     """Files in the output directory: plain Python for a local path, Hadoop's FileSystem for a URI
-    (hdfs://, s3a://, file://: wherever Spark can write)."""
+    (hdfs://, s3a://, file://: wherever Spark can write). Creating it creates the directory and checks that
+    it takes files; a failure of these file operations is a :class:`ReportError` naming the output."""
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.spark = spark
+        self.given = root
         self.uri = _is_uri(root)
         self.root = root.rstrip("/") if self.uri else str(Path(root).resolve())
         self._fs: Any = None
-        if self.uri:
-            jvm = spark.sparkContext._jvm
-            self._path = jvm.org.apache.hadoop.fs.Path
-            self._fs = self._path(self.root).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-            self._fs.setWriteChecksum(False)
-            self._fs.mkdirs(self._path(self.root))
-        else:
-            Path(self.root).mkdir(parents=True, exist_ok=True)
+        with self._failing("cannot write the report to"):
+            if self.uri:
+                jvm = spark.sparkContext._jvm
+                self._path = jvm.org.apache.hadoop.fs.Path
+                self._fs = self._path(self.root).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+                self._fs.setWriteChecksum(False)
+                if not self._fs.mkdirs(self._path(self.root)):
+                    raise ReportError(f"cannot write the report to {root}: could not create the directory")
+            else:
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+        probe = f".fairqueue-report-probe-{uuid.uuid4().hex[:8]}"
+        self.write_text(probe, "")
+        self.delete(probe)
+
+    @contextmanager
+    def _failing(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except FairqueueError:
+            raise
+        except OSError as exc:
+            raise ReportError(f"{what} {self.given}: {exc.strerror or exc}") from None
+        except Exception as exc:
+            from py4j.protocol import Py4JError
+            from pyspark.errors import PySparkException
+
+            if isinstance(exc, PySparkException | Py4JError):
+                raise ReportError(f"{what} {self.given}: {spark_failure(exc)}") from None
+            raise
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
     def write_text(self, relative: str, text: str) -> str:
         target = self.path(relative)
-        if self.uri:
-            stream = self._fs.create(self._path(target), True)
-            try:
-                stream.write(bytearray(text.encode("utf-8")))
-            finally:
-                stream.close()
-        else:
-            Path(target).write_text(text, encoding="utf-8")
+        with self._failing("cannot write the report to"):
+            if self.uri:
+                stream = self._fs.create(self._path(target), True)
+                try:
+                    stream.write(bytearray(text.encode("utf-8")))
+                finally:
+                    stream.close()
+            else:
+                Path(target).write_text(text, encoding="utf-8")
         return target
+
+    def delete(self, relative: str) -> None:
+        target = self.path(relative)
+        with self._failing("cannot write the report to"):
+            if self.uri:
+                self._fs.delete(self._path(target), False)
+            else:
+                Path(target).unlink(missing_ok=True)
 
     def single_file(self, directory: str, pattern: str, target: str) -> str:
         """Moves the one file ``pattern`` of ``directory`` (Spark's part file) to ``target``; removes
         ``directory``."""
         source_dir, destination = self.path(directory), self.path(target)
-        if self.uri:
-            found = self._fs.globStatus(self._path(f"{source_dir}/{pattern}"))
-            self._fs.delete(self._path(destination), False)
-            self._fs.rename(found[0].getPath(), self._path(destination))
-            self._fs.delete(self._path(source_dir), True)
-        else:
-            part = next(Path(source_dir).glob(pattern))
-            Path(destination).unlink(missing_ok=True)
-            part.replace(destination)
-            shutil.rmtree(source_dir)
+        with self._failing("cannot write the report to"):
+            if self.uri:
+                found = self._fs.globStatus(self._path(f"{source_dir}/{pattern}"))
+                self._fs.delete(self._path(destination), False)
+                self._fs.rename(found[0].getPath(), self._path(destination))
+                self._fs.delete(self._path(source_dir), True)
+            else:
+                part = next(Path(source_dir).glob(pattern))
+                Path(destination).unlink(missing_ok=True)
+                part.replace(destination)
+                shutil.rmtree(source_dir)
         return destination
+
+
+def claim_local_output(out: str) -> Path | None:
+    """Creates a local output directory (and its missing parents) and checks that it takes files, before
+    Spark starts: an unwritable ``--out`` fails at once, not after the computing. Returns the topmost directory
+    it created (for :func:`release_local_output` if the report then fails), or None."""
+    path = Path(out).expanduser().absolute()
+    missing = [p for p in (path, *path.parents) if not p.is_dir()]
+    probe = path / f".fairqueue-report-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
+    return missing[-1] if missing else None
+
+
+def release_local_output(created: Path | None) -> None:
+    """Removes the directories :func:`claim_local_output` created, if nothing was written in them."""
+    if created is None or not created.is_dir():
+        return
+    directories = sorted((p for p in created.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+    for directory in [*directories, created]:
+        with contextlib.suppress(OSError):  # not empty: something was written, keep it
+            directory.rmdir()
 
 
 def _json_default(value: object) -> str:
@@ -930,7 +1112,9 @@ def _json_default(value: object) -> str:
 
 def write_report(report: Report, out_dir: str) -> dict[str, str]:
     """Writes every table as Parquet (``parquet/<table>/``) and CSV (``csv/<table>.csv``), the headline
-    numbers as ``summary.json`` and the page as ``report.html``. Returns {name: path written}."""
+    numbers as ``summary.json`` and the page as ``report.html``. Returns {name: path written}.
+
+    Raises :class:`ReportError` when ``out_dir`` cannot be created or written to."""
     from fairqueue.spark.report_html import render_html
 
     some = next(iter(report.tables.values()))
@@ -976,7 +1160,7 @@ def _spark_errors() -> Iterator[None]:
         from pyspark.errors import PySparkException
 
         if isinstance(exc, PySparkException | Py4JError):
-            raise ReportError(f"Spark failed: {spark_message(exc)}") from None
+            raise ReportError(f"Spark failed: {spark_failure(exc)}") from None
         raise
 
 
@@ -994,15 +1178,39 @@ def headline(summary: dict[str, Any]) -> list[str]:
         f"queue wait p50 {fmt_duration(summary['wait_p50_s'])}, p95 {fmt_duration(summary['wait_p95_s'])}, "
         f"p99 {fmt_duration(summary['wait_p99_s'])}; run time p50 {fmt_duration(summary['run_p50_s'])}, "
         f"p95 {fmt_duration(summary['run_p95_s'])}",
-        f"fairness (Jain's index per window) mean {fmt_number(summary['jain_mean'], 3)}, min "
-        f"{fmt_number(summary['jain_min'], 3)}; starvation incidents {summary['starvation_incidents']} in "
-        f"{summary['starved_channels']} channel(s) (waits over "
+        "fairness (Jain's index of the backlogged channels per window) mean "
+        f"{fmt_number(summary['jain_mean'], 3)}, min {fmt_number(summary['jain_min'], 3)}; starvation incidents "
+        f"{summary['starvation_incidents']} in {summary['starved_channels']} channel(s) (head waits over "
         f"{fmt_duration(summary['starvation_threshold_seconds'])})",
     ]
 
 
 def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0]
+
+
+def check_live_database(database_url: str) -> None:
+    """Connects to the live database with psycopg before Spark starts, so that a wrong URL, a server that is
+    down or a database without fairqueue is named as such (JDBC's own errors say less)."""
+    import psycopg
+    import psycopg.conninfo
+
+    from fairqueue.spark.session import jdbc_target
+    from fairqueue.urls import redact, to_libpq
+
+    url = to_libpq(database_url)
+    jdbc_target(url)  # a unix socket cannot be used by JDBC: said before anything else
+    shown = redact(url)
+    if "connect_timeout" not in psycopg.conninfo.conninfo_to_dict(url):
+        url = psycopg.conninfo.make_conninfo(url, connect_timeout=10)
+    try:
+        with psycopg.connect(url, autocommit=True, application_name="fairqueue report") as conn:
+            conn.execute("SELECT 1 FROM fairqueue.completed_job LIMIT 0")
+    except psycopg.OperationalError as exc:
+        raise ReportError(f"cannot connect to the database {shown}: {_one_line(str(exc))}") from None
+    except psycopg.Error as exc:
+        cause = exc.diag.message_primary or str(exc)
+        raise ReportError(f"cannot read fairqueue.completed_job from {shown}: {_one_line(cause)}") from None
 
 
 def run_command(args: Any) -> int:
@@ -1012,7 +1220,7 @@ def run_command(args: Any) -> int:
     if args.database_url and not args.include_live:
         raise ReportError("--database-url is only used with --include-live (to read the live table too)")
     database_url = resolve(args.database_url) if args.include_live else None
-    # check the options before starting Spark
+    # check the options, the database and a local output before starting Spark
     report_params(
         source=args.source,
         since=args.since,
@@ -1023,24 +1231,34 @@ def run_command(args: Any) -> int:
     )
     if not _is_uri(args.source) and not Path(args.source).exists():
         raise ReportError(f"no archive at {args.source}: no such file or directory")
+    if database_url is not None:
+        check_live_database(database_url)
+    created = None if _is_uri(args.out) else claim_local_output(args.out)
 
+    from fairqueue.spark.options import spark_config
     from fairqueue.spark.session import spark_session
 
-    with _spark_errors():
-        spark = spark_session(args.master, app_name="fairqueue report")
-        report = build_report(
-            spark,
-            source=args.source,
-            since=args.since,
-            until=args.until,
-            window=args.window,
-            starvation_threshold=args.starvation_threshold,
-            database_url=database_url,
-        )
-        try:
-            written = write_report(report, args.out)
-        finally:
-            report.close()
+    try:
+        with _spark_errors():
+            spark = spark_session(args.master, app_name="fairqueue report", config=spark_config(args), quiet=True)
+            if _is_uri(args.out):
+                _Output(spark, args.out)  # can it be written? (before the computing)
+            report = build_report(
+                spark,
+                source=args.source,
+                since=args.since,
+                until=args.until,
+                window=args.window,
+                starvation_threshold=args.starvation_threshold,
+                database_url=database_url,
+            )
+            try:
+                written = write_report(report, args.out)
+            finally:
+                report.close()
+    except BaseException:
+        release_local_output(created)
+        raise
     print(f"report written to {args.out}")
     for name in ("report.html", "summary.json"):
         print(f"  {written[name]}")

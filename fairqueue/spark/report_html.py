@@ -332,20 +332,22 @@ def _fairness_chart(page: dict[str, Any]) -> str:
         points.append(point)
         top = row["top_channel"]
         tip = (
-            f"{fmt_time(_when(start))}\nJain's index {float(value):.3f} across {row['active_channels']} "
-            f"channel(s); busiest: {top} ({fmt_rate(row['top_share'])} of the jobs)"
+            f"{fmt_time(_when(start))}\nJain's index {float(value):.3f} across {row['backlogged_channels']} "
+            f"backlogged channel(s) of {row['active_channels']}; busiest: {top} ({fmt_rate(row['top_share'])} of "
+            "the jobs)"
         )
         dots.append(
             f'<circle cx="{point[0]:.1f}" cy="{point[1]:.1f}" r="{radius}" fill="#1f3b57" data-series="jain_index" '
             f'data-window="{_iso(start)}" data-value="{_attr(float(value))}" '
-            f'data-active-channels="{row["active_channels"]}"><title>{escape(tip)}</title></circle>'
+            f'data-active-channels="{row["active_channels"]}" data-backlogged-channels="{row["backlogged_channels"]}">'
+            f"<title>{escape(tip)}</title></circle>"
         )
     out.append(f'<path d="{_path(points)}" fill="none" stroke="#1f3b57" stroke-width="2" stroke-linejoin="round"/>')
     out += dots
     out.append("</svg>")
     legend = (
         '<ul class="legend"><li><span class="swatch" style="background:#1f3b57"></span>Jain\'s index of the '
-        "channels' throughput (1 = equal shares; 1/n = one of n channels got everything)</li>"
+        "backlogged channels' throughput (1 = equal service; 1/n = one of n got everything)</li>"
         '<li><span class="swatch starved-swatch"></span>window with starvation incidents</li></ul>'
     )
     return "".join(out) + legend
@@ -423,8 +425,9 @@ def _kinds_table(page: dict[str, Any]) -> str:
 
 def _starvation_table(page: dict[str, Any], groups: _Groups) -> str:
     head = (
-        '<tr><th>Wait</th><th class="l">Channel</th><th>Job</th><th>Attempt</th><th class="l">Kind</th>'
-        '<th>Waiting since</th><th>Started</th><th>Other channels served meanwhile</th><th class="l">Outcome</th></tr>'
+        '<tr><th>Waited at the head</th><th class="l">Channel</th><th>Job</th><th>Attempt</th><th class="l">Kind</th>'
+        "<th>Head since</th><th>Started</th><th>Queue wait</th><th>Other channels served meanwhile</th>"
+        '<th class="l">Outcome</th></tr>'
     )
     body = []
     for r in page["starvation"]:
@@ -437,6 +440,7 @@ def _starvation_table(page: dict[str, Any], groups: _Groups) -> str:
             f'<td class="l">{escape(r["kind"])}</td>',
             _cell("waiting_since", _iso(r["waiting_since"]), fmt_time(_when(r["waiting_since"]))),
             _cell("started_at", _iso(r["started_at"]), fmt_time(_when(r["started_at"]))),
+            _cell("queue_wait_s", r["queue_wait_s"], fmt_duration(r["queue_wait_s"])),
             _cell("other_channels_served", r["other_channels_served"], str(r["other_channels_served"])),
             f'<td class="l">{escape(r["outcome"])}</td>',
         ]
@@ -468,12 +472,12 @@ def _findings(page: dict[str, Any]) -> list[str]:
             f"Slowest channel: <b>{escape(worst['channel'])}</b>, p95 queue wait "
             f"<b>{fmt_duration(worst['wait_p95_s'])}</b> (all channels: {fmt_duration(s['wait_p95_s'])})."
         )
-    fair = [r for r in page["fairness"] if r["jain_index"] is not None and r["active_channels"] > 1]
+    fair = [r for r in page["fairness"] if r["jain_index"] is not None and r["backlogged_channels"] > 1]
     if fair:
         least = min(fair, key=lambda r: (r["jain_index"], r["chart_us"]))
         found.append(
             f"Least fair window: {fmt_time(_when(least['chart_us']))}, Jain's index "
-            f"<b>{float(least['jain_index']):.2f}</b> across {least['active_channels']} channels; "
+            f"<b>{float(least['jain_index']):.2f}</b> across {least['backlogged_channels']} backlogged channels; "
             f"<b>{escape(str(least['top_channel']))}</b> finished {fmt_rate(least['top_share'])} of the jobs."
         )
     failing = [r for r in page["channels"] if r["failure_rate"]]
@@ -492,8 +496,8 @@ def _findings(page: dict[str, Any]) -> list[str]:
         )
     else:
         found.append(
-            f"No starvation: no attempt waited over {fmt_duration(page['threshold_seconds'])} while other "
-            "channels were served."
+            f"No starvation: no channel's head job waited over {fmt_duration(page['threshold_seconds'])} while "
+            "other channels were served."
         )
     return found
 
@@ -633,8 +637,12 @@ def render_html(page: dict[str, Any]) -> str:
         + _share_chart(page, groups)
         + "</section>",
         '<section id="fairness-chart"><h2>Fairness over time</h2>'
-        "<p class=\"note\">Jain's index of the channels' throughput among the channels with attempts in the "
-        "window. A window with one active channel scores 1.</p>" + _fairness_chart(page) + "</section>",
+        '<p class="note">Jain\'s index of the throughput of the channels that were backlogged in the window '
+        "(had a job waiting over "
+        + fmt_duration(page.get("backlog_tolerance_seconds", 1.0))
+        + "): 1 when they were served equally, whatever the channels that were not kept waiting got. A window where "
+        "no channel was kept waiting scores 1. The index over every active channel's share of the jobs is in the "
+        "fairness_windows table (share_jain_index).</p>" + _fairness_chart(page) + "</section>",
         '<section><h2>Channels, slowest first</h2><p class="note">'
         + (
             f"The {shown_channels} channels with the longest p95 queue wait of {s['channels']}."
@@ -644,8 +652,10 @@ def render_html(page: dict[str, Any]) -> str:
         + f" Red: waits over the starvation threshold ({fmt_duration(threshold)}), failure rate over 5%, "
         "retry rate over 10%.</p>"
         f'<div class="scroll">{_channels_table(page, groups)}</div></section>',
-        f'<section><h2>Starvation incidents</h2><p class="note">Attempts that waited over {fmt_duration(threshold)} '
-        "while at least one other channel had an attempt start. "
+        f'<section><h2>Starvation incidents</h2><p class="note">Jobs that waited over {fmt_duration(threshold)} '
+        "at the head of their channel (from when they were ready or the channel's previous job started, whichever "
+        "is later) while at least one other channel had an attempt start. A job deep in a backlog that is being "
+        "served is not starved. "
         + (
             f"The {shown_incidents} longest of {s['starvation_incidents']:,}."
             if shown_incidents < s["starvation_incidents"]
@@ -667,13 +677,14 @@ def render_html(page: dict[str, Any]) -> str:
         "<dt>Jobs, throughput</dt><dd>Jobs are final attempts; throughput is jobs per second of the window.</dd>"
         "<dt>Queue wait, run time</dt><dd>started \u2212 ready (enqueue time if not recorded), and "
         "finished \u2212 started, "
-        "over attempts that started; exact percentiles with linear interpolation (PostgreSQL's "
-        "percentile_cont).</dd>"
+        "over attempts that started; approximate percentiles: the value at a rank within n/10,000 of the exact "
+        "one (not interpolated).</dd>"
         "<dt>Failure rate, retry rate</dt><dd>Final attempts not succeeded, and final attempts numbered above 1, "
         "per job.</dd>"
-        "<dt>Jain's index</dt><dd>(Σx)² / (n·Σx²) over the throughput x of the n channels active in a window.</dd>"
-        "<dt>Starvation incident</dt><dd>An attempt that waited longer than the threshold while another channel "
-        "had an attempt start.</dd></dl></section>",
+        "<dt>Jain's index</dt><dd>(Σx)² / (n·Σx²) over the throughput x of the n channels backlogged in a window "
+        "(1 if none was).</dd>"
+        "<dt>Starvation incident</dt><dd>A job that waited longer than the threshold at the head of its channel "
+        "while another channel had an attempt start.</dd></dl></section>",
         f"<footer>Generated {escape(fmt_time(page['generated_at']))} by fairqueue report · tables in parquet/ "
         "and csv/ next to this file</footer>",
         "</main></body></html>",

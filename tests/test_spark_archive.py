@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from fairqueue.spark.archive import (
     sql_fingerprints,
     total,
 )
+from fairqueue.urls import database_name, with_database
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.spark
@@ -155,7 +158,7 @@ def test_archives_two_hundred_thousand_jobs_over_four_days(spark: Any, spark_url
         assert {p.name for p in day_dir.iterdir() if p.is_dir()} == {f"outcome={o}" for o in expected[day]}
         for outcome in expected[day]:
             names = [p.name for p in (day_dir / f"outcome={outcome}").iterdir() if not p.name.startswith(".")]
-            assert names and all(n.startswith("part-s") and n.endswith(".parquet") for n in names)
+            assert names and all(n.startswith("part-a") and n.endswith(".parquet") for n in names)
             assert len(names) >= 2  # read in parallel job_id ranges (50,000 rows a day)
         manifest = _manifest(root, day)
         [copy] = manifest["copies"]
@@ -164,6 +167,11 @@ def test_archives_two_hundred_thousand_jobs_over_four_days(spark: Any, spark_url
         assert copy["checksum"] == str(total(expected[day]).checksum)
         assert {o: c["rows"] for o, c in copy["outcomes"].items()} == {o: f.rows for o, f in expected[day].items()}
         assert sorted(str(p.relative_to(day_dir)) for p in day_dir.rglob("part-*.parquet")) == copy["files"]
+        # files named by the partition's archive id, saved as its comment (the partition is gone now)
+        assert (
+            re.fullmatch(r"[0-9a-f]{32}", copy["archive_id"]) and copy["file_prefix"] == f"part-a{copy['archive_id']}-"
+        )
+        assert all(name.split("/")[1].startswith(copy["file_prefix"]) for name in copy["files"])
     schema = _parquet_schema(spark, next(root.glob("day=*/outcome=*/part-*.parquet")))
     assert "optional int64 finished_at (TIMESTAMP(MICROS,true))" in schema  # not Spark's legacy INT96
     assert spark.conf.get("spark.sql.parquet.outputTimestampType") == "INT96"  # the session's setting is back
@@ -523,3 +531,84 @@ def test_cli_unwritable_target_is_one_line_and_keeps_the_history(spark_url: str,
     _one_line_error(done, "not writable")
     with psycopg.connect(spark_url, autocommit=True) as conn:
         assert conn.execute(f"SELECT count(*) FROM fairqueue.{_table(days[0])}").fetchone() == (100,)
+
+
+@pytest.fixture
+def three_databases(server_url: str, tcp_server_url: str) -> Iterator[tuple[list[str], date]]:
+    """Three databases (TCP URLs) holding one past day's partition, built the way identical deployments are:
+    "two" and "three" are copies of "one" made before any rows, so the partition has the same oid in all
+    three; "three" is copied after the partition was given an archive id (as a restored dump would carry it)."""
+    from fairqueue import migrations
+
+    day = _past_days(1)[0]
+    names = [f"fq_archive_{n}_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}" for n in ("one", "two", "three")]
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{names[0]}"')
+        one = with_database(server_url, names[0])
+        migrations.upgrade(one)
+        with psycopg.connect(one, autocommit=True) as conn:
+            conn.execute("SELECT fairqueue.ensure_completed_partitions(0, %s)", (day,))
+        admin.execute(f'CREATE DATABASE "{names[1]}" TEMPLATE "{names[0]}"')
+        with psycopg.connect(one, autocommit=True) as conn:
+            conn.execute(f"COMMENT ON TABLE fairqueue.{_table(day)} IS 'fairqueue-archive-id:{'ab' * 16}'")
+        admin.execute(f'CREATE DATABASE "{names[2]}" TEMPLATE "{names[0]}"')
+    try:
+        yield [with_database(tcp_server_url, name) for name in names], day
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            for name in names:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_databases_archiving_the_same_day_into_one_target_keep_each_others_copies(
+    spark: Any, three_databases: tuple[list[str], date], tmp_path: Path
+) -> None:
+    (one, two, three), day = three_databases
+    expected = {}
+    oids = set()
+    for n, url in enumerate((one, two, three)):
+        with psycopg.connect(url, autocommit=True) as conn:
+            fill_history(conn, 1000 + 500 * n, [day], first_id=1 + 1_000_000 * n)
+            expected[url] = sql_fingerprints(conn, _table(day))
+            oids |= set(conn.execute("SELECT %s::regclass::oid", (f"fairqueue.{_table(day)}",)).fetchone() or ())
+    assert len(oids) == 1  # the same partition oid in all three
+    root = tmp_path / "archive"
+
+    archive_history(one, older_than="1d", to=str(root), spark=spark)
+    archive_history(two, older_than="1d", to=str(root), spark=spark)
+
+    both = {
+        o: expected[one].get(o, Fingerprint(0, 0)) + expected[two].get(o, Fingerprint(0, 0))
+        for o in {*expected[one], *expected[two]}
+    }
+    assert spark_fingerprints(_archived(spark, root, day)) == both  # both copies, nothing lost
+    assert _no_duplicates(spark, root) == 1000 + 1500
+    copies = _manifest(root, day)["copies"]
+    assert len(copies) == 2 and copies[0]["archive_id"] != copies[1]["archive_id"]
+    assert {c["source_database"]["name"] for c in copies} == {database_name(one), database_name(two)}
+    assert copies[0]["source_database"]["oid"] != copies[1]["source_database"]["oid"]
+    assert {c["archive_id"] for c in copies if c["source_database"]["name"] == database_name(one)} == {"ab" * 16}
+
+    # "three" carries the archive id of "one"'s partition (copied with it): it must not take "one"'s files for
+    # its own; it stops and deletes nothing
+    files = set((root / f"day={day}").rglob("*.parquet"))
+    with pytest.raises(ArchiveError, match=r"made from another database .*carries the same id.*Nothing was deleted"):
+        archive_history(three, older_than="1d", to=str(root), spark=spark)
+    assert set((root / f"day={day}").rglob("*.parquet")) == files
+    assert spark_fingerprints(_archived(spark, root, day)) == both
+    with psycopg.connect(three, autocommit=True) as conn:
+        assert sql_fingerprints(conn, _table(day)) == expected[three]  # still in PostgreSQL
+
+
+def test_an_unknown_hdfs_host_is_named(spark: Any, spark_url: str) -> None:
+    days = _past_days(1)
+    with psycopg.connect(spark_url, autocommit=True) as conn:
+        fill_history(conn, 10, days)
+    target = "hdfs://nonexistent-host.invalid:8020/arch"
+    with pytest.raises(ArchiveError, match=r"UnknownHostException: nonexistent-host\.invalid") as failed:
+        archive_history(spark_url, older_than="1d", to=target, spark=spark)
+    assert str(failed.value).startswith(f"cannot open the archive target {target}: java.lang.IllegalArgumentException")
+    with psycopg.connect(spark_url, autocommit=True) as conn:
+        assert conn.execute(f"SELECT count(*) FROM fairqueue.{_table(days[0])}").fetchone() == (10,)

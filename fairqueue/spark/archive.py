@@ -10,17 +10,20 @@ oldest first, and for each one:
 3. reads the staged files back and checks count and checksum, outcome by outcome, against step 1;
 4. moves the staged files into ``{to}/day=YYYY-MM-DD/outcome=<outcome>/``, first deleting the
    files an interrupted earlier attempt at *this same partition* left there (each file's name
-   carries the partition's identity: ``part-s<oid>-...parquet``), checks every moved file's size and
-   records the copy in ``{to}/day=YYYY-MM-DD/_fairqueue_manifest.json``;
+   carries the partition's archive id, ``part-a<id>-...parquet``: a random id saved as the
+   partition's comment at its first archive attempt, so it is the same on a re-run and differs
+   between databases), checks every moved file's size and records the copy, with the database it
+   came from, in ``{to}/day=YYYY-MM-DD/_fairqueue_manifest.json``;
 5. only then, in one PostgreSQL transaction: locks the partition against writes, recomputes its
    counts and checksums (rows that arrived or changed since step 1 abort the drop), detaches and
    drops it.
 
 A failure anywhere before step 5 commits leaves the partition in PostgreSQL, and the next run
 replaces whatever the interrupted one left in the archive (never another partition's files: if a
-day is archived, gets new rows later and is archived again, both copies stay). A run with nothing
-old enough does nothing. Only one archive run works on a database at a time (advisory lock), and
-one database should archive into a given target.
+day is archived, gets new rows later and is archived again, both copies stay; several databases
+can archive into one target). A file that the manifest lists as another database's copy is never
+deleted: the run stops with :class:`ArchiveError` instead. A run with nothing old enough does
+nothing. Only one archive run works on a database at a time (advisory lock).
 
 The checksum is the sum, over rows, of the first 60 bits of the MD5 of a canonical UTF-8 text of the
 row (:data:`CANONICAL_FIELDS`), computed independently by each engine: the same rows give the same
@@ -37,16 +40,17 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 import psycopg.errors
+from psycopg import sql
 
 from fairqueue.errors import ConfigurationError, FairqueueError
-from fairqueue.spark.report import ReportError, spark_message
+from fairqueue.spark.report import ReportError, spark_failure, spark_message
 from fairqueue.spark.report import parse_duration as report_duration_seconds
 from fairqueue.spark.session import jdbc_target, spark_session
 from fairqueue.urls import redact, to_libpq
@@ -64,7 +68,8 @@ ROWS_PER_READ = 25_000  # rows per parallel JDBC read (one Spark task each)
 MAX_READS = 64
 DROP_LOCK_TIMEOUT = 5.0  # seconds the final transaction waits for a lock before giving up (nothing dropped)
 _PARTITION = re.compile(r"completed_job_p(\d{8})")
-_FILE_TAG = "part-s{oid}-"  # prefix of the archive files copied from the partition with this oid
+_FILE_TAG = "part-a{archive_id}-"  # prefix of the archive files copied from the partition with this archive id
+_ARCHIVE_ID = re.compile(r"fairqueue-archive-id:([0-9a-f]{32})")  # in the partition's comment
 
 #: The archive's columns in the Parquet files, in order; ``day`` and ``outcome`` are the directories.
 COLUMNS = (
@@ -342,10 +347,65 @@ class _Partition:
     table: str
     oid: int
     day: date
+    comment: str | None = None  # the partition's comment, which holds its archive id once it has one
+
+    @property
+    def archive_id(self) -> str | None:
+        match = _ARCHIVE_ID.search(self.comment or "")
+        return match.group(1) if match else None
 
     @property
     def tag(self) -> str:
-        return _FILE_TAG.format(oid=self.oid)
+        if self.archive_id is None:
+            raise ArchiveError(f"{self.table} has no archive id yet")
+        return _FILE_TAG.format(archive_id=self.archive_id)
+
+
+def _with_archive_id(conn: psycopg.Connection[Any], part: _Partition) -> _Partition:
+    """``part`` with its archive id: the one saved in its comment by an earlier attempt, else a new random one,
+    saved now (``COMMENT ON TABLE ... IS '...fairqueue-archive-id:<id>'``, after any comment already there)."""
+    if part.archive_id is not None:
+        return part
+    comment = (part.comment + "\n" if part.comment else "") + f"fairqueue-archive-id:{uuid.uuid4().hex}"
+    with conn.transaction():
+        (oid,) = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f"fairqueue.{part.table}",)).fetchone() or (None,)
+        if oid != part.oid:
+            raise ArchiveError(f"{part.table} was dropped and created again while it was being archived; run again")
+        conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(sql.Identifier("fairqueue", part.table), sql.Literal(comment))
+        )
+    return replace(part, comment=comment)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The database a copy comes from, as the manifest records it: its cluster's system identifier and its oid
+    (stable across restarts and renames; a restored dump or a clone gets other ones)."""
+
+    system_identifier: str
+    oid: int
+    name: str
+
+    def record(self) -> dict[str, Any]:
+        return {"system_identifier": self.system_identifier, "oid": self.oid, "name": self.name}
+
+    def made(self, copy: dict[str, Any]) -> bool:
+        """Whether the manifest entry ``copy`` is a copy from this database."""
+        theirs = copy.get("source_database")
+        return (
+            isinstance(theirs, dict)
+            and str(theirs.get("system_identifier")) == self.system_identifier
+            and theirs.get("oid") == self.oid
+        )
+
+
+def _source(conn: psycopg.Connection[Any]) -> _Source:
+    row = conn.execute(
+        "SELECT (SELECT system_identifier::text FROM pg_control_system()), oid::bigint, datname "
+        "FROM pg_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return _Source(system_identifier=str(row[0] or ""), oid=int(row[1]), name=str(row[2]))
 
 
 def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Partition]:
@@ -356,13 +416,13 @@ def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Pa
     """
     rows = conn.execute(
         """
-        SELECT c.relname, c.oid::bigint, pg_get_expr(c.relpartbound, c.oid)
+        SELECT c.relname, c.oid::bigint, pg_get_expr(c.relpartbound, c.oid), obj_description(c.oid, 'pg_class')
         FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
         WHERE i.inhparent = 'fairqueue.completed_job'::regclass
         """
     ).fetchall()
     found = []
-    for name, oid, bounds in rows:
+    for name, oid, bounds, comment in rows:
         match = _PARTITION.fullmatch(name)
         if not match:
             continue  # the default partition, or something attached by hand
@@ -380,7 +440,7 @@ def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Pa
         if bounds != expected:
             log.warning("fairqueue archive: %s does not cover exactly its UTC day (%s); left alone", name, bounds)
             continue
-        found.append(_Partition(table=name, oid=int(oid), day=start.date()))
+        found.append(_Partition(table=name, oid=int(oid), day=start.date(), comment=comment))
     return sorted(found, key=lambda p: p.day)
 
 
@@ -471,14 +531,51 @@ def _timestamp_micros(spark: SparkSession) -> Iterator[None]:
             spark.conf.set(key, before)
 
 
-def _remove_copies(files: _Files, day_dir: str, tag: str) -> None:
-    """Deletes the files an earlier, interrupted attempt at the same partition left in the day's directory."""
+def _copy_owners(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{file relative to the day's directory: the manifest entry of the copy that lists it}."""
+    owners: dict[str, dict[str, Any]] = {}
+    for copy in manifest["copies"]:
+        if isinstance(copy, dict) and isinstance(copy.get("files"), list):
+            for name in copy["files"]:
+                owners[str(name)] = copy
+    return owners
+
+
+def _check_not_foreign(manifest: dict[str, Any], day_dir: str, part: _Partition, source: _Source) -> None:
+    """Stops (deleting nothing) when the day's manifest holds a copy with this partition's archive id that
+    another database made: then this database's partition carries a copied comment (a restored dump, a clone)."""
+    for copy in manifest["copies"]:
+        if isinstance(copy, dict) and copy.get("file_prefix") == part.tag and not source.made(copy):
+            theirs = copy.get("source_database")
+            name = theirs.get("name") if isinstance(theirs, dict) else None
+            raise ArchiveError(
+                f"{day_dir} already holds a copy of {copy.get('partition', 'a partition')} with the archive id "
+                f"{part.archive_id} made from another database ({name or 'unknown'}); {part.table} here carries the "
+                f"same id (restored from a dump or cloned?). Nothing was deleted. Give it a new id with "
+                f"COMMENT ON TABLE fairqueue.{part.table} IS NULL and run again"
+            )
+
+
+def _remove_copies(files: _Files, day_dir: str, part: _Partition, source: _Source) -> None:
+    """Deletes the files an earlier, interrupted attempt at the same partition left in the day's directory;
+    never a file that the manifest lists as another database's or another partition's copy (ArchiveError)."""
+    tag = part.tag
+    owners = _copy_owners(_read_manifest(files, day_dir))
+    doomed = []
     for name, is_dir in files.children(day_dir):
         if not (is_dir and name.startswith("outcome=")):
             continue
         for child, child_is_dir in files.children(f"{day_dir}/{name}"):
             if not child_is_dir and child.startswith(tag):
-                files.delete(f"{day_dir}/{name}/{child}")
+                owner = owners.get(f"{name}/{child}")
+                if owner is not None and not (owner.get("file_prefix") == tag and source.made(owner)):
+                    raise ArchiveError(
+                        f"{day_dir}/{name}/{child} is listed in the manifest as a copy of "
+                        f"{owner.get('partition', 'another partition')} from another database; nothing was deleted"
+                    )
+                doomed.append(f"{day_dir}/{name}/{child}")
+    for where in doomed:
+        files.delete(where)
 
 
 def _move_into_place(files: _Files, staged: list[_File], day_dir: str, part: _Partition) -> list[str]:
@@ -512,15 +609,20 @@ def _read_manifest(files: _Files, day_dir: str) -> dict[str, Any]:
     return {"copies": []}
 
 
-def _record_manifest(files: _Files, day_dir: str, part: _Partition, outcomes: Fingerprints, moved: list[str]) -> None:
+def _record_manifest(
+    files: _Files, day_dir: str, part: _Partition, source: _Source, outcomes: Fingerprints, moved: list[str]
+) -> None:
     """Adds this copy to the day's manifest (replacing an interrupted attempt's entry for the same partition)."""
     manifest = _read_manifest(files, day_dir)
+    _check_not_foreign(manifest, day_dir, part, source)
     copies = [c for c in manifest["copies"] if not (isinstance(c, dict) and c.get("file_prefix") == part.tag)]
     whole = total(outcomes)
     copies.append(
         {
             "partition": f"fairqueue.{part.table}",
             "partition_oid": part.oid,
+            "archive_id": part.archive_id,
+            "source_database": source.record(),
             "file_prefix": part.tag,
             "rows": whole.rows,
             "checksum": str(whole.checksum),
@@ -543,7 +645,12 @@ def _record_manifest(files: _Files, day_dir: str, part: _Partition, outcomes: Fi
 
 
 def _archive_partition(
-    database_url: str, target: Callable[[], _Files], part: _Partition, *, lock_timeout: float
+    database_url: str,
+    target: Callable[[], _Files],
+    part: _Partition,
+    *,
+    origin: _Source,
+    lock_timeout: float,
 ) -> ArchivedDay:
     """Copies one partition to the archive, verifies the copy and drops the partition (an empty one is
     just dropped: Spark and the target are only opened, by ``target()``, for a partition with rows)."""
@@ -551,6 +658,8 @@ def _archive_partition(
     with psycopg.connect(database_url, autocommit=True, application_name=APPLICATION) as conn:
         source = sql_fingerprints(conn, part.table)
         low, high = conn.execute(f"SELECT min(job_id), max(job_id) FROM fairqueue.{part.table}").fetchone() or (0, 0)
+        if total(source).rows:
+            part = _with_archive_id(conn, part)  # before any file is written: a re-run finds them by it
     whole = total(source)
     day_dir = ""
     moved: list[str] = []
@@ -560,6 +669,7 @@ def _archive_partition(
         from pyspark.sql import functions as F
 
         day_dir = files.join(f"day={part.day.isoformat()}")
+        _check_not_foreign(_read_manifest(files, day_dir), day_dir, part, origin)
         staging = files.join(STAGING, f"{part.table}-{uuid.uuid4().hex[:12]}")
         try:
             df = _read_partition(spark, database_url, part.table, whole.rows, (int(low), int(high)))
@@ -574,13 +684,13 @@ def _archive_partition(
                 )
             staged_files = [f for f in files.files_under(staging) if f.name.startswith("part-")]
             try:
-                _remove_copies(files, day_dir, part.tag)
+                _remove_copies(files, day_dir, part, origin)
                 moved = _move_into_place(files, staged_files, day_dir, part)
-                _record_manifest(files, day_dir, part, source, moved)
+                _record_manifest(files, day_dir, part, origin, source, moved)
             except Exception:
                 # leave nothing half-moved behind; if this fails too, the next run replaces it
                 with contextlib.suppress(Exception):  # the first error is the one to report
-                    _remove_copies(files, day_dir, part.tag)
+                    _remove_copies(files, day_dir, part, origin)
                 raise
         finally:
             with contextlib.suppress(Exception):  # else the next run clears the staging area
@@ -644,11 +754,13 @@ def archive_history(
     spark: SparkSession | None = None,
     on_day: Callable[[ArchivedDay], object] | None = None,
     lock_timeout: float = DROP_LOCK_TIMEOUT,
+    config: dict[str, str] | None = None,
 ) -> ArchiveReport:
     """Archives every daily history partition whose day ended more than ``older_than`` ago to Parquet
     under ``to`` (a local path or a Hadoop-compatible URI), oldest first, and drops it from PostgreSQL.
 
-    ``spark``: a session to use (else one is started on ``master``). ``on_day(ArchivedDay)`` is called
+    ``spark``: a session to use (else one is started on ``master``, with the Spark settings ``config``, e.g.
+    ``{"spark.driver.memory": "4g"}``). ``on_day(ArchivedDay)`` is called
     after each day is safely archived and dropped. Raises :class:`ArchiveError` (or
     :class:`~fairqueue.errors.ConfigurationError`) when it stops; the day it was working on is then
     still in PostgreSQL, and the days before it are archived.
@@ -678,11 +790,16 @@ def archive_history(
         partitions = _old_partitions(conn, cutoff)
         if not partitions:
             return report
+        origin = _source(conn)
         opened: list[_Files] = []
 
         def target_files() -> _Files:  # Spark and the target, the first time a partition has rows
             if not opened:
-                files = _Files(spark if spark is not None else _start_spark(master), target)
+                session = spark if spark is not None else _start_spark(master, config)
+                try:
+                    files = _Files(session, target)
+                except Exception as exc:
+                    raise ArchiveError(f"cannot open the archive target {target}: {spark_failure(exc)}") from None
                 _check_writable(files)
                 files.delete(files.join(STAGING))  # what a killed run left (we hold the lock)
                 opened.append(files)
@@ -690,12 +807,12 @@ def archive_history(
 
         for part in partitions:
             try:
-                done = _archive_partition(url, target_files, part, lock_timeout=lock_timeout)
+                done = _archive_partition(url, target_files, part, origin=origin, lock_timeout=lock_timeout)
             except (FairqueueError, psycopg.Error):
                 raise
             except Exception as exc:
                 raise ArchiveError(
-                    f"archiving {part.table} failed, its rows stay in PostgreSQL: {spark_message(exc)}"
+                    f"archiving {part.table} failed, its rows stay in PostgreSQL: {spark_failure(exc)}"
                 ) from exc
             log.info("fairqueue archive: %s archived to %s (%s)", part.table, done.path or "-", done.fingerprint)
             report.archived.append(done)
@@ -706,14 +823,19 @@ def archive_history(
         return report
 
 
-def _start_spark(master: str | None) -> SparkSession:
+def _start_spark(master: str | None, config: dict[str, str] | None) -> SparkSession:
     try:
-        return spark_session(master, app_name=APPLICATION, config={"spark.ui.showConsoleProgress": "false"})
+        return spark_session(
+            master,
+            app_name=APPLICATION,
+            config={"spark.ui.showConsoleProgress": "false", **(config or {})},
+            quiet=True,
+        )
     except FairqueueError:
         raise
     except Exception as exc:
         raise ConfigurationError(
-            f"could not start Spark (master {master or 'local[*]'}): {spark_message(exc)}"
+            f"could not start Spark (master {master or 'local[*]'}): {spark_failure(exc)}"
         ) from exc
 
 
@@ -733,7 +855,11 @@ def run_command(args: Any) -> int:
         else:
             print(f"dropped {day.partition} ({day.day}): it was empty")
 
-    result = archive_history(url, older_than=age, to=args.to, master=args.master, on_day=report_day)
+    from fairqueue.spark.options import spark_config
+
+    result = archive_history(
+        url, older_than=age, to=args.to, master=args.master, on_day=report_day, config=spark_config(args)
+    )
     if not result.archived:
         print(f"nothing to archive: no history partition ends before {result.cutoff:%Y-%m-%d %H:%M} UTC")
     else:

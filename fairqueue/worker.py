@@ -437,8 +437,8 @@ class Worker:
                 return
             # A job whose outcome is not recorded yet still holds its slot: the database counts it as
             # running here, so claiming for it would run more jobs than --concurrency.
-            free -= len(self._pending)
-            can_claim = can_claim and free > 0
+            claimable = free - len(self._pending)
+            can_claim = can_claim and claimable > 0
             timeout = cfg.poll_interval
             if self._stopping.is_set():
                 if grace_until is None:
@@ -462,7 +462,7 @@ class Worker:
                 if self._notified or last_full or now >= next_poll:
                     self._notified = False
                     self._freed_at = None
-                    asked = min(free, cfg.claim_limit)
+                    asked = min(claimable, cfg.claim_limit)
                     got = self._claim(asked)
                     last_full = got == asked
                     if not last_full:

@@ -641,3 +641,19 @@ def test_an_error_of_the_maintenance_role_is_logged_on_one_line(
     finally:
         conn.execute("DROP TRIGGER IF EXISTS test_keep_workers ON fairqueue.worker")
         conn.execute("DROP FUNCTION IF EXISTS public.test_keep_workers()")
+
+
+def test_an_outcome_is_recorded_promptly_while_other_slots_stay_busy(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    holds = [t.hold.enqueue(conn, gate=f"running-{i}", release="go") for i in range(9)]
+    start_worker(concurrency=10, poll_interval=30)  # nothing but the freed slot's short linger may delay it
+    for i in range(9):
+        assert t.GATES[f"running-{i}"].wait(20)
+    quick = t.add.enqueue(conn, 2, 3)
+    began = time.monotonic()
+    assert finished(conn, quick, timeout=10).result == 5
+    assert time.monotonic() - began < 5
+    t.GATES["go"].set()
+    for job_id in holds:
+        assert finished(conn, job_id).status == "succeeded"

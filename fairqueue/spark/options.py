@@ -24,7 +24,7 @@ def add_spark_options(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a Spark setting, repeatable: e.g. --conf spark.driver.memory=4g, "
-        "--conf spark.jars.packages=org.apache.hadoop:hadoop-aws:3.4.1",
+        "--conf spark.jars.packages=org.apache.hadoop:hadoop-aws:<version>",
     )
 
 

@@ -157,6 +157,7 @@ def test_enqueue_many_rejects_unknown_fields(conn: psycopg.Connection[Any]) -> N
 
 # -- bad input: a clear error, nothing written, the caller's transaction still usable -------------
 
+
 def _nested(depth: int) -> list[Any]:
     value: list[Any] = []
     for _ in range(depth):

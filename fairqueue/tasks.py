@@ -76,7 +76,7 @@ class JobContext:
     started_at: datetime
     worker_id: int
     timeout: float | None = None
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancelled: bool = field(default=False, repr=False)  # set once, by the worker's dispatcher
     _opener: Callable[[], Session] | None = field(default=None, repr=False)
     _session: Session | None = field(default=None, repr=False)
     _async_opener: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]] | None = field(default=None, repr=False)
@@ -88,7 +88,7 @@ class JobContext:
     def cancel_requested(self) -> bool:
         """True once someone cancelled this job. The worker has then already recorded it as
         cancelled and freed its slot; whatever the handler still does is not recorded."""
-        return self._cancel.is_set()
+        return self._cancelled
 
     @property
     def session(self) -> Session:
@@ -195,6 +195,12 @@ class Task[**P, R]:
             raise ConfigurationError(f"task {name!r}: *args cannot be stored as JSON object args; name the parameters")
         self._params = params
         self._arg_signature = self.signature.replace(parameters=params)
+        # whether a job without args fits (checked once: most no-argument jobs skip the binding)
+        try:
+            self._arg_signature.bind()
+            self._fits_no_args = True
+        except TypeError:
+            self._fits_no_args = False
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -226,6 +232,8 @@ class Task[**P, R]:
 
     def call_arguments(self, stored: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """Positional and keyword arguments for the handler from a job's stored args."""
+        if not stored and self._fits_no_args:
+            return [], {}
         remaining = dict(stored)
         positional: list[Any] = []
         for p in self._params:

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import queue
 import random
 import signal
 import socket
@@ -205,6 +206,7 @@ class _Done:
     running: _Running
     outcome: Outcome | None  # None: already recorded in the handler's transaction
     recorded: Finished | None = None
+    at: float = field(default_factory=time.monotonic)  # when the outcome was handed in
 
 
 class _Connection:
@@ -290,11 +292,14 @@ class Worker:
         self.finished_total = 0
 
         self._inflight: dict[int, _Running] = {}
+        # Outcomes waiting to be recorded by the finisher thread; guarded by _pending_ready.
         self._pending: list[_Done] = []
+        self._pending_ready = threading.Condition()
+        self._finisher_stop = False
         self._completions: list[_Done] = []
         self._completions_lock = threading.Lock()
-        self._work: list[_Running] = []
-        self._work_ready = threading.Condition()
+        # Sync jobs for the slot threads (a C queue: one cheap wake-up per job, no Python lock).
+        self._work: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._notified = True
         self._cancel_requests: set[int] = set()
@@ -309,6 +314,7 @@ class Worker:
         self._async_pool: list[psycopg.AsyncConnection[Any]] = []  # used on the event loop thread only
         self._stopping_threads: list[_Running] = []  # abandoned sync handlers not yet stopped
         self._db = _Connection(self, "dispatcher")
+        self._finish_db = _Connection(self, "finisher")
         self._listener_db = _Connection(self, "listener")
         self._maintenance_db = _Connection(self, "maintenance")
         self.is_maintainer = False
@@ -401,6 +407,7 @@ class Worker:
         self._loop = loop
         self._spawn(lambda: _run_loop(loop), "fairqueue-async")
         self._spawn(self._listen_loop, "fairqueue-listener")
+        self._spawn(self._finisher_loop, "fairqueue-finisher")
         if self.config.maintenance:
             self._spawn(self._maintenance_loop, "fairqueue-maintenance")
 
@@ -427,17 +434,17 @@ class Worker:
             if self._stopping_threads:
                 self._repeat_stops()
             now = time.monotonic()
-            free = cfg.concurrency - len(self._inflight)  # once the outcomes waiting here are recorded
-            # A freed slot waits a moment (LINGER) for others, so claims and finishes stay batched.
+            free = cfg.concurrency - len(self._inflight)
+            # A freed slot waits a moment (LINGER) for others, so claims stay batched.
             lingering = bool(self._inflight) and self._freed_at is not None and now - self._freed_at < LINGER
             can_claim = free > 0 and (free >= self._full_batch or not lingering) and not self._stopping.is_set()
-            if self._pending and (len(self._pending) >= self._batch_threshold or not lingering or can_claim):
-                self._record_pending()
             if self._aborted.is_set():
                 return
-            # A job whose outcome is not recorded yet still holds its slot: the database counts it as
-            # running here, so claiming for it would run more jobs than --concurrency.
-            claimable = free - len(self._pending)
+            # The finisher records outcomes while the next batch is claimed, but the database still
+            # counts a job as ours until then: beyond one batch of them, their slots stay taken, so
+            # a worker whose outcomes cannot be recorded stops claiming instead of piling jobs up.
+            unrecorded = self._unrecorded()
+            claimable = free - max(0, unrecorded - self._full_batch)
             can_claim = can_claim and claimable > 0
             timeout = cfg.poll_interval
             if self._stopping.is_set():
@@ -446,7 +453,7 @@ class Worker:
                 if not released_unstarted:
                     self._release_unstarted()
                     released_unstarted = True
-                if not self._inflight and not self._pending:
+                if not self._inflight and not unrecorded:
                     return
                 if now >= grace_until:
                     log.warning("grace period over; aborting running jobs", extra={"running": len(self._inflight)})
@@ -470,8 +477,9 @@ class Worker:
                         next_poll = min(next_poll, self._next_due(next_poll))
                     continue
                 timeout = min(timeout, next_poll - now)
-            elif free > 0 and self._freed_at is not None:
+            elif lingering and claimable > 0 and self._freed_at is not None:
                 timeout = min(timeout, self._freed_at + LINGER - now)
+            # else: nothing to do until a job ends, the finisher records outcomes, or a notification
             for r in self._inflight.values():
                 if r.deadline is not None and r.state == "running" and r.future is None:
                     timeout = min(timeout, r.deadline - now)
@@ -542,16 +550,15 @@ class Worker:
             r.future = asyncio.run_coroutine_threadsafe(self._run_async(r), self._loop)
             r.future.add_done_callback(functools.partial(self._async_finished, r))
         else:
-            with self._work_ready:
-                self._work.append(r)
-                self._work_ready.notify()
+            self._work.put(r)
 
     def _reconcile(self) -> None:
         worker_id = self.worker_id
         held = self._db.call(
             "reconcile", lambda c: [row[0] for row in c.execute(sql.HELD_JOBS, (worker_id,))], give_up=lambda: False
         )
-        known = set(self._inflight) | {d.running.job.id for d in self._pending}
+        with self._pending_ready:
+            known = set(self._inflight) | {d.running.job.id for d in self._pending}
         unknown = [job_id for job_id in held if job_id not in known]
         if unknown:
             n = self._db.call("release", lambda c: release(c, worker_id, unknown), give_up=lambda: False)
@@ -559,13 +566,15 @@ class Worker:
         self._needs_reconcile = False
 
     def _release_unstarted(self) -> None:
-        with self._work_ready:
-            unstarted = [r for r in self._work if r.state == "queued"]
-            self._work = [r for r in self._work if r not in unstarted]
+        unstarted = []
+        for r in list(self._inflight.values()):
+            with r.lock:
+                if r.state != "queued" or r.future is not None:
+                    continue
+                r.state = "released"  # a slot thread that takes it from the queue skips it
+            unstarted.append(r)
         by_worker: dict[int, list[int]] = {}
         for r in unstarted:
-            with r.lock:
-                r.state = "released"
             self._inflight.pop(r.job.id, None)
             by_worker.setdefault(r.worker_id, []).append(r.job.id)
         for worker_id, ids in by_worker.items():
@@ -581,12 +590,10 @@ class Worker:
     def _slot_loop(self) -> None:
         with contextlib.suppress(BaseException):  # a stop injected as this thread leaves
             while True:
-                with self._work_ready:
-                    while not self._work:
-                        if self._stopped.is_set():
-                            return
-                        self._work_ready.wait(1.0)
-                    r = self._work.pop(0)
+                r = self._work.get()
+                if r is None:  # shutdown: pass it on to the next slot thread
+                    self._work.put(None)
+                    return
                 with contextlib.suppress(BaseException):  # an exception injected after the handler ended
                     try:
                         self._run_sync(r)
@@ -879,7 +886,9 @@ class Worker:
     def _complete(self, r: _Running, outcome: Outcome | None) -> None:
         with self._completions_lock:
             self._completions.append(_Done(r, outcome))
-        self._wake.set()
+            first = len(self._completions) == 1
+        if first:  # the dispatcher takes them all at once; one wake-up per collection is enough
+            self._wake.set()
 
     def _collect_completions(self) -> None:
         with self._completions_lock:
@@ -902,15 +911,52 @@ class Worker:
     def _add_pending(self, d: _Done) -> None:
         if d.outcome is not None:
             d.outcome = _storable(d.outcome)
-        self._pending.append(d)
+        with self._pending_ready:
+            self._pending.append(d)
+            n = len(self._pending)
+            # the finisher needs waking for the first outcome (to start its wait), a batch's worth,
+            # or the last running job's
+            if n == 1 or n == self._batch_threshold or not self._inflight:
+                self._pending_ready.notify()
 
-    def _record_pending(self) -> None:
-        """Records the outcomes waiting here, one round trip per worker id. Lost connections are
-        retried inside; any other failure falls back to one outcome at a time, so that an outcome
-        the database refuses cannot hold up the others, and one it still refuses is replaced by a
-        failure that says why. Outcomes not recorded stay here (their jobs stay ours) for next time."""
+    def _unrecorded(self) -> int:
+        with self._pending_ready:
+            return len(self._pending)
+
+    # -- recording outcomes (the finisher thread) --------------------------------------------------
+
+    def _finisher_loop(self) -> None:
+        """Records outcomes on a connection of its own, so a batch is recorded while the dispatcher
+        claims the next one. An outcome waits a moment (LINGER) for others, unless a batch's worth is
+        waiting or nothing else is running, so finishes stay batched."""
+        while True:
+            with self._pending_ready:
+                while True:
+                    if self._finisher_stop or self._aborted.is_set():
+                        return
+                    wait = self._record_in()
+                    if wait <= 0:
+                        break
+                    self._pending_ready.wait(wait)
+                batch = list(self._pending)
+            self._record_pending(batch)
+            self._wake.set()  # slots held by unrecorded outcomes are free again
+
+    def _record_in(self) -> float:
+        """Seconds until the waiting outcomes should be recorded (0: now; call with the lock held)."""
+        if not self._pending:
+            return self.config.poll_interval
+        if len(self._pending) >= self._batch_threshold or not self._inflight or self._stopping.is_set():
+            return 0.0
+        return self._pending[0].at + LINGER - time.monotonic()
+
+    def _record_pending(self, batch: list[_Done]) -> None:
+        """Records these outcomes, one round trip per worker id. Lost connections are retried
+        inside; any other failure falls back to one outcome at a time, so that an outcome the
+        database refuses cannot hold up the others, and one it still refuses is replaced by a
+        failure that says why. Outcomes not recorded stay pending (their jobs stay ours) for next time."""
         by_worker: dict[int, list[_Done]] = {}
-        for d in self._pending:
+        for d in batch:
             by_worker.setdefault(d.running.worker_id, []).append(d)
         for worker_id, items in by_worker.items():
             try:
@@ -970,10 +1016,13 @@ class Worker:
                 self._count_finished(d.running, d.outcome.outcome)
                 if d.outcome.outcome != "succeeded":
                     self._log_failure(d.running, d.outcome, got[d.running.job.id])
-            self._pending.remove(d)
+        done = {id(d) for d in items}
+        with self._pending_ready:
+            self._pending = [d for d in self._pending if id(d) not in done]
 
     def _finish(self, worker_id: int, outcomes: list[Outcome]) -> list[Finished]:
-        return self._db.call("finish", lambda c: finish(c, worker_id, outcomes), give_up=self._aborted.is_set)
+        # the finisher's connection; at shutdown (finisher stopped) the dispatcher uses it too
+        return self._finish_db.call("finish", lambda c: finish(c, worker_id, outcomes), give_up=self._aborted.is_set)
 
     def _release(self, worker_id: int, ids: list[int]) -> int:
         return self._db.call("release", lambda c: release(c, worker_id, ids), give_up=self._aborted.is_set)
@@ -1002,7 +1051,7 @@ class Worker:
         for job_id in cancels:
             r = self._inflight.get(job_id)
             if r is not None:
-                r.ctx._cancel.set()
+                r.ctx._cancelled = True
                 self._abandon(r, Outcome(job_id, "cancelled", error="cancelled while running"), JobCancelled)
         for r in list(self._inflight.values()):
             if r.deadline is not None and now >= r.deadline and r.state == "running" and r.future is None:
@@ -1124,15 +1173,20 @@ class Worker:
     # -- shutdown -----------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
+        with self._pending_ready:
+            self._finisher_stop = True
+            self._pending_ready.notify_all()
+        for t in self._threads:
+            if t.name == "fairqueue-finisher":
+                t.join(timeout=30.0)  # it ends after the batch it is recording (when aborting: after one try)
         try:
             self._collect_completions()
             if self._pending:
-                self._record_pending()  # when aborting: one try, so finished jobs are not run again
+                self._record_pending(list(self._pending))  # when aborting: one try, so finished jobs are not run again
         except Exception:
             log.exception("could not record the last outcomes; their jobs will be re-run")
         self._stopped.set()
-        with self._work_ready:
-            self._work_ready.notify_all()
+        self._work.put(None)  # slot threads leave, each handing it to the next
         # Whatever still runs (aborted, or past the grace period) is recorded as lost and re-run.
         still_running = len(self._inflight)
         try:
@@ -1151,6 +1205,7 @@ class Worker:
             if t.name in ("fairqueue-listener", "fairqueue-maintenance"):
                 t.join(timeout=2.0)
         self._db.close()
+        self._finish_db.close()
         if self._engine is not None:
             self._engine.dispose()
         log.info(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from fairqueue.errors import ConfigurationError
-from fairqueue.logs import JsonFormatter, TextFormatter, configure_logging
+from fairqueue.logs import JsonFormatter, TextFormatter, _FairqueueHandler, configure_logging
 
 TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -151,7 +151,8 @@ def test_text_through_configure_with_traceback() -> None:
 def test_configure_is_idempotent_and_replaces_the_previous_setup() -> None:
     first, second = io.StringIO(), io.StringIO()
     logger = logging.getLogger("fairqueue")
-    before = len(logger.handlers)
+    # not counting a handler an earlier in-process CLI run installed: configure_logging replaces it
+    before = len([h for h in logger.handlers if not isinstance(h, _FairqueueHandler)])
     configure_logging("text", stream=first)
     configure_logging("json", stream=second)
     assert len(logger.handlers) == before + 1

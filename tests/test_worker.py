@@ -545,20 +545,24 @@ def test_an_outcome_the_database_refuses_is_replaced_by_a_failure_saying_why(
     assert worker.exit_code is None  # type: ignore[attr-defined]
 
 
-def test_a_worker_claims_no_more_than_its_concurrency_while_outcomes_wait_to_be_recorded(
+def test_a_worker_holds_no_more_than_its_concurrency_and_one_batch_while_outcomes_wait_to_be_recorded(
     conn: psycopg.Connection[Any], start_worker: Starter, refuse_outcomes: Callable[[str], None], worker_log: Records
 ) -> None:
+    """Outcomes are recorded while the next batch is claimed, so a worker may hold one batch more
+    than --concurrency; while its outcomes cannot be recorded at all it claims nothing beyond that."""
     refuse_outcomes("%")  # every outcome, and the failures that would replace them: nothing is recorded
-    ids = [t.always_fails.using(max_attempts=1).enqueue(conn) for _ in range(6)]
+    ids = [t.always_fails.using(max_attempts=1).enqueue(conn) for _ in range(8)]
     start_worker(concurrency=2)
-    # Two tries at recording both outcomes together: between them the dispatcher went round its loop,
-    # where it would have claimed for the two slots it no longer counted as busy.
+    held = "SELECT count(*) FROM fairqueue.running_job WHERE worker_id IS NOT NULL"
+    wait_for(lambda: conn.execute(held).fetchone() == (4,), what="2 slots and one batch of 2 awaiting recording")
+    tries = worker_log.count("could not record a batch of outcomes; recording them one by one")
+    # two more tries at recording: between them the dispatcher went round its loop, where it would
+    # have claimed again had it counted the unrecorded jobs' slots as free
     wait_for(
-        lambda: worker_log.count("could not record a batch of outcomes; recording them one by one") >= 2,
-        what="two failed recordings of both outcomes",
+        lambda: worker_log.count("could not record a batch of outcomes; recording them one by one") >= tries + 2,
+        what="two more failed recordings",
     )
-    running = conn.execute("SELECT count(*) FROM fairqueue.running_job WHERE worker_id IS NOT NULL").fetchone()
-    assert running == (2,)
+    assert conn.execute(held).fetchone() == (4,)
     assert count(conn, "completed_job") == 0
     conn.execute("DROP TRIGGER test_refuse_outcome ON fairqueue.completed_job")
     for job_id in ids:

@@ -1,6 +1,26 @@
 -- Back to version 5: the claim waits for a held channel instead of sharing it, finish always runs
 -- its follow-up statements, and there are no deferred charges.
 
+CREATE OR REPLACE FUNCTION fairqueue._idle_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_free text[] := '{}';
+BEGIN
+    FOREACH v_name IN ARRAY p_names LOOP
+        -- A producer inside an open transaction holds the shared lock and may be adding a job we
+        -- cannot see yet: then the channel stays active.
+        IF pg_try_advisory_xact_lock(1718681601, hashtext(v_name)) THEN
+            v_free := v_free || v_name;
+        END IF;
+    END LOOP;
+    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
+    UPDATE fairqueue.channel c SET active = false
+    WHERE c.name = ANY (v_free) AND c.active
+      AND NOT EXISTS (SELECT 1 FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NULL);
+END $$;
+
 CREATE OR REPLACE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,

@@ -104,7 +104,7 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
         ClaimedJob(
             id=r[0],
             kind=r[1],
-            args=json.loads(r[2]),
+            args={} if r[2] == "{}" else json.loads(r[2]),
             channel=r[3],
             attempt=r[4],
             max_attempts=r[5],
@@ -136,7 +136,9 @@ def finish(db: object, worker_id: int, outcomes: Sequence[Outcome]) -> list[Fini
         retries.append(o.retry_in)
     if len(set(ids)) != len(ids):
         raise InvalidJobError("finish got the same job id twice")
-    rows = executor_for(db).rows(sql.FINISH, (worker_id, ids, names, results, errors, retries))
+    # an array of nothing but NULLs travels as one NULL (the common case: no results, no errors)
+    params = (worker_id, ids, names, *(None if all(v is None for v in a) else a for a in (results, errors, retries)))
+    rows = executor_for(db).rows(sql.FINISH, params)
     return [Finished(job_id=r[0], outcome=r[1], final=r[2], retry_at=r[3]) for r in rows]
 
 

@@ -19,6 +19,7 @@ by the database (lease expiry), so every job ends up finished here or re-run els
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import functools
@@ -298,8 +299,13 @@ class Worker:
         self._finisher_stop = False
         self._completions: list[_Done] = []
         self._completions_lock = threading.Lock()
-        # Sync jobs for the slot threads (a C queue: one cheap wake-up per job, no Python lock).
-        self._work: queue.SimpleQueue[_Running | None] = queue.SimpleQueue()
+        # Sync jobs for the slot threads. One idle thread is woken per batch (a token in _wake_slot),
+        # and a thread that takes a job wakes another while jobs remain: short jobs are run by the
+        # threads already awake instead of costing a thread wake-up each, and long ones still get a
+        # thread each at once. (deque appends and pops are atomic; a token may find nothing left.)
+        self._work: collections.deque[_Running] = collections.deque()
+        self._wake_slot: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        self._slots_closed = False
         self._wake = threading.Event()
         self._notified = True
         self._cancel_requests: set[int] = set()
@@ -509,8 +515,11 @@ class Worker:
             # a claim whose answer was lost may have handed us jobs we do not know about
             self._needs_reconcile = True
             self._db.reopened = 0
+        queued = len(self._work)
         for job in jobs:
             self._start(job, worker_id)
+        if len(self._work) > queued or self._work:
+            self._wake_slot.put(True)  # one slot thread; it wakes others while jobs remain
         self.claimed_total += len(jobs)
         self.metrics.set_slots(self.config.concurrency, len(self._inflight))
         return len(jobs)
@@ -550,7 +559,7 @@ class Worker:
             r.future = asyncio.run_coroutine_threadsafe(self._run_async(r), self._loop)
             r.future.add_done_callback(functools.partial(self._async_finished, r))
         else:
-            self._work.put(r)
+            self._work.append(r)
 
     def _reconcile(self) -> None:
         worker_id = self.worker_id
@@ -590,10 +599,16 @@ class Worker:
     def _slot_loop(self) -> None:
         with contextlib.suppress(BaseException):  # a stop injected as this thread leaves
             while True:
-                r = self._work.get()
-                if r is None:  # shutdown: pass it on to the next slot thread
-                    self._work.put(None)
-                    return
+                try:
+                    r = self._work.popleft()
+                except IndexError:
+                    if self._slots_closed:
+                        self._wake_slot.put(True)  # the next idle thread leaves too
+                        return
+                    self._wake_slot.get()
+                    continue
+                if self._work:
+                    self._wake_slot.put(True)  # more waiting: wake another thread
                 with contextlib.suppress(BaseException):  # an exception injected after the handler ended
                     try:
                         self._run_sync(r)
@@ -1186,7 +1201,8 @@ class Worker:
         except Exception:
             log.exception("could not record the last outcomes; their jobs will be re-run")
         self._stopped.set()
-        self._work.put(None)  # slot threads leave, each handing it to the next
+        self._slots_closed = True
+        self._wake_slot.put(True)  # idle slot threads leave, each waking the next
         # Whatever still runs (aborted, or past the grace period) is recorded as lost and re-run.
         still_running = len(self._inflight)
         try:

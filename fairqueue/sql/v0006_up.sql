@@ -11,7 +11,8 @@
 -- before it puts channels in order. Fairness is unchanged beyond that delay of a claim or two.
 --
 -- finish also skips its follow-up statements (FIFO hand-over, dependants) when none of the jobs
--- held a FIFO key and no job depends on any job, which is the common case.
+-- held a FIFO key and no job depends on any job, which is the common case, and finds each job's
+-- outcome by its position in the input arrays.
 
 -- Virtual time owed by channels that a claim served without holding their row.
 CREATE TABLE fairqueue.channel_debt (
@@ -360,8 +361,11 @@ BEGIN
                (i.outcome IN ('succeeded', 'cancelled') OR i.retry_in IS NULL OR g.attempt >= j.max_attempts)
                    AS is_final
         FROM gone g
-        JOIN unnest(p_job_ids, p_outcomes, p_results, p_errors, p_retry_in)
-             AS i(job_id, outcome, result, error, retry_in) ON i.job_id = g.job_id
+        -- each job's inputs by its position in the arrays: a join with unnest(...) was planned as
+        -- a nested loop that unnested the arrays once per job (the plan cannot know their length)
+        CROSS JOIN LATERAL (SELECT array_position(p_job_ids, g.job_id) AS pos) AS x
+        CROSS JOIN LATERAL (SELECT p_outcomes[x.pos] AS outcome, p_results[x.pos] AS result,
+                                   p_errors[x.pos] AS error, p_retry_in[x.pos] AS retry_in) AS i
         CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.job_id LIMIT 1) AS j
     ),
     removed AS (

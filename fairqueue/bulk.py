@@ -1,9 +1,11 @@
 """Bulk enqueue through COPY, optionally as one batch of an idempotent bulk run.
 
 :func:`bulk_enqueue` is :func:`fairqueue.enqueue_many` for large volumes: the jobs travel to the
-server with ``COPY`` into a temporary table of the session (no per-row parameters), and one call of
-the SQL function ``fairqueue.enqueue_batch`` turns them into jobs with ``fairqueue.enqueue_many``'s
-own logic (unique keys, delayed/FIFO/dependent jobs, channel wakeups). It returns counts, not ids.
+server with ``COPY`` into a temporary table of the session (no per-row parameters), and the SQL
+function ``fairqueue.enqueue_batch`` turns them into jobs with ``fairqueue.enqueue_many``'s own logic
+(unique keys, delayed/FIFO/dependent jobs, channel wakeups). It returns counts, not ids. Without a
+run, the jobs go in chunks of :data:`CHUNK` within one savepoint: a thread checks the next chunk
+while the database inserts the current one, and a bad job anywhere still leaves nothing written.
 
 With ``run_id``, the call is one batch of a bulk run, recorded in a ledger (``fairqueue.bulk_batch``)
 in the same transaction as its jobs: a batch commits at most once, so running the same batch again
@@ -16,8 +18,13 @@ default); the ``producer`` level of :mod:`fairqueue.roles` has every other right
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import itertools
 import json
+import queue
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +39,8 @@ from fairqueue.validation import check_text
 
 __all__ = ["BatchResult", "BulkEnqueueError", "bulk_enqueue"]
 
+#: Jobs per chunk of a bulk enqueue without a run (checked in a thread while the previous one is inserted).
+CHUNK = 20_000
 #: The session's staging table (temporary: private to the session, gone at its end; emptied at commit).
 STAGE = "fairqueue_bulk_stage"
 #: Every column a staged job can have, in COPY order for :func:`bulk_enqueue`.
@@ -114,6 +123,12 @@ class BatchResult:
 def escape(value: str | None) -> str:
     """A text value as a field of COPY's text format."""
     return NULL if value is None else value.translate(_ESCAPES)
+
+
+@functools.lru_cache(maxsize=4096)
+def _escape_name(value: str) -> str:
+    """escape() for the values a batch repeats (kinds, channels)."""
+    return value.translate(_ESCAPES)
 
 
 def digest_of(data: str, *context: object) -> str:
@@ -206,11 +221,12 @@ def _psycopg_connection(db: object) -> psycopg.Connection[Any]:
     return raw
 
 
-def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]:
-    """enqueue_many's checks, job by job (mappings are read directly rather than through JobSpec)."""
+def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -> list[_Checked]:
+    """enqueue_many's checks, job by job (mappings are read directly rather than through JobSpec);
+    ``start`` numbers the jobs in error messages."""
     checked: list[_Checked] = []
     fields = frozenset(JobSpec.__dataclass_fields__)
-    for i, spec in enumerate(jobs):
+    for i, spec in enumerate(jobs, start):
         try:
             if isinstance(spec, Mapping):
                 if not fields.issuperset(spec):
@@ -251,6 +267,67 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]
     return checked
 
 
+def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> BatchResult:
+    """bulk_enqueue without a run: the jobs go in chunks, all in one savepoint (or transaction) of
+    the caller's, so that a thread checks and encodes the next chunk while the database inserts
+    this one (the checks are Python, the inserts wait on the server: they overlap). A job that
+    fails its checks rolls back the chunks already inserted, so nothing is written."""
+    source = iter(jobs)
+    checked = _checked_jobs(itertools.islice(source, CHUNK))  # the first chunk: errors before any write
+    if not checked:
+        return BatchResult(0, 0)
+    conn = _psycopg_connection(db)
+    ready: queue.Queue[tuple[list[_Checked], str] | BaseException | None] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def hand_over(item: tuple[list[_Checked], str] | BaseException | None) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                ready.put(item, timeout=0.05)
+                return
+
+    def prepare(start: int) -> None:
+        try:
+            while not stop.is_set():
+                chunk = _checked_jobs(itertools.islice(source, CHUNK), start)
+                if not chunk:
+                    break
+                start += len(chunk)
+                hand_over((chunk, _copy_text(chunk)))
+        except BaseException as exc:  # handed to the caller's thread, which raises it
+            hand_over(exc)
+            return
+        hand_over(None)
+
+    ensure_stage(conn)  # begins the caller's transaction where psycopg would (see below)
+    helper = None
+    if len(checked) == CHUNK:
+        helper = threading.Thread(target=prepare, args=(CHUNK,), name="fairqueue-bulk-checks", daemon=True)
+        helper.start()
+    jobs_in, created = 0, 0
+    try:
+        with conn.transaction():
+            item: tuple[list[_Checked], str] | BaseException | None = (checked, _copy_text(checked))
+            while item is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                chunk, data = item
+                dependencies = {d for job in chunk for d in (job.after or ())}
+                if dependencies:
+                    _check_dependencies_exist(executor_for(conn), dependencies)
+                result = enqueue_staged(conn, data, ALL_COLUMNS)
+                jobs_in, created = jobs_in + result.jobs, created + result.created
+                item = ready.get() if helper is not None else None
+    except psycopg.Error as exc:
+        error = psycopg_error(exc)
+        raise BulkEnqueueError(f"bulk enqueue failed: {error or exc}") from exc
+    finally:
+        stop.set()
+        if helper is not None:
+            helper.join()
+    return BatchResult(jobs_in, created)
+
+
 def _copy_text(checked: list[_Checked]) -> str:
     lines = []
     for j in checked:
@@ -258,8 +335,8 @@ def _copy_text(checked: list[_Checked]) -> str:
         lines.append(
             "\t".join(
                 (
-                    escape(j.kind),
-                    escape(j.channel),
+                    _escape_name(j.kind),
+                    _escape_name(j.channel),
                     args,
                     NULL if j.run_at is None else j.run_at.isoformat(),
                     str(j.max_attempts),
@@ -302,6 +379,8 @@ def bulk_enqueue(
             batch_key = check_text("batch_key", batch_key)
     elif batch_key is not None or call_id is not None:
         raise InvalidJobError("batch_key and call_id belong to a bulk run: give run_id too")
+    if run_id is None:
+        return _bulk_enqueue_in_chunks(db, jobs)
     checked = _checked_jobs(jobs)
     if not checked:
         return BatchResult(0, 0)

@@ -16,6 +16,7 @@ from fairqueue.validation import (
     check_after,
     check_channel_settings,
     check_max_attempts,
+    check_name,
     check_optional_text,
     check_run_at,
     check_seconds,
@@ -43,7 +44,7 @@ class JobSpec:
     after: Iterable[int] | None = field(default=None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per job
 class _Checked:
     kind: str
     args: str
@@ -69,9 +70,13 @@ def _check(
     after: object,
 ) -> _Checked:
     return _Checked(
-        kind=check_text("kind", kind),
+        kind=check_name("kind", kind) if type(kind) is str else check_text("kind", kind),
         args=encode_json("args", {} if args is None else args, limit=settings.max_args_bytes, require_object=True),
-        channel=check_text("channel", channel, max_len=MAX_CHANNEL),
+        channel=(
+            check_name("channel", channel, MAX_CHANNEL)
+            if type(channel) is str
+            else check_text("channel", channel, max_len=MAX_CHANNEL)
+        ),
         run_at=check_run_at(run_at, delay),
         max_attempts=check_max_attempts(settings.default_max_attempts if max_attempts is None else max_attempts),
         timeout=None if timeout is None else check_seconds("timeout", timeout),

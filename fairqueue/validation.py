@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -47,6 +48,13 @@ def check_text(what: str, value: object, *, max_len: int = MAX_NAME, error: type
     return value
 
 
+@functools.lru_cache(maxsize=4096)
+def check_name(what: str, value: str, max_len: int = MAX_NAME) -> str:
+    """:func:`check_text` for the names a batch repeats (kinds, channels): each distinct one is
+    checked once. Only for ``str`` values (anything else is not hashable, or not a name)."""
+    return check_text(what, value, max_len=max_len)
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -70,8 +78,13 @@ def check_optional_text(what: str, value: object) -> str | None:
     return None if value is None else check_text(what, value)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _check_json_keys(value: object, path: str) -> None:
     """JSON object keys must be strings: json.dumps would silently turn 1 into "1"."""
+    if type(value) is dict and all(type(k) is str and isinstance(v, _SCALARS) for k, v in value.items()):
+        return  # the common case, a flat object: nothing nested to walk
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
@@ -82,6 +95,10 @@ def _check_json_keys(value: object, path: str) -> None:
             _check_json_keys(item, f"{path}[{i}]")
 
 
+# one encoder for every call (json.dumps with options builds a new one each time)
+_JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_json(
     what: str, value: object, *, limit: int, require_object: bool, setting: str = "FAIRQUEUE_MAX_ARGS_BYTES"
 ) -> str:
@@ -90,7 +107,7 @@ def encode_json(
         raise InvalidJobError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         _check_json_keys(value, what)
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _JSON.encode(value)
     except RecursionError:
         raise InvalidJobError(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import fairqueue
-from fairqueue import cli
+from fairqueue import bulk, cli
 from fairqueue.bulk import BatchResult, BulkEnqueueError
 from tests.helpers import channel_counts, count, race_against_open_transaction
 
@@ -208,3 +208,48 @@ def test_a_django_connection_enqueues_with_atomic_or_on_its_own(dj: psycopg.Conn
     assert count(dj, "job") == 3
     fairqueue.bulk_enqueue(connection, [{"kind": "k"}] * 2)  # autocommit: committed at once
     assert count(dj, "job") == 5
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Chunks of 10 jobs, so that a few dozen jobs take the chunked path with its checking thread."""
+    monkeypatch.setattr(bulk, "CHUNK", 10)
+    return 10
+
+
+def test_many_chunks_land_together_with_unique_keys_deduplicated_across_chunks(connect: Any, small_chunks: int) -> None:
+    c = connect(autocommit=False)
+    jobs = [{"kind": "k", "args": {"n": i}, "channel": f"c{i % 3}"} for i in range(95)]
+    jobs += [{"kind": "k", "unique_key": "u"} for _ in range(15)]  # spread over two chunks
+    result = fairqueue.bulk_enqueue(c, iter(jobs))  # any iterable, read once
+    assert (result.jobs, result.created) == (110, 96)
+    other = connect()
+    assert count(other, "job") == 0  # not before the caller's commit
+    c.commit()
+    assert count(other, "job") == 96 and count(other, "running_job") == 96
+    ns = [
+        r[0] for r in other.execute("SELECT (args->>'n')::int FROM fairqueue.job WHERE unique_key IS NULL ORDER BY id")
+    ]
+    assert ns == list(range(95))  # in input order
+
+
+def test_a_bad_job_in_a_later_chunk_leaves_nothing_written(connect: Any, small_chunks: int) -> None:
+    c = connect(autocommit=False)
+    before = fairqueue.enqueue(c, "mine")  # the caller's own work in the same transaction stays
+    jobs: list[dict[str, Any]] = [{"kind": "k", "args": {"n": i}} for i in range(57)]
+    jobs[53]["args"] = {"bad": object()}
+    with pytest.raises(fairqueue.InvalidJobError, match=r"job #53: args is not JSON-serialisable"):
+        fairqueue.bulk_enqueue(c, jobs)
+    assert c.execute("SELECT array_agg(id) FROM fairqueue.job").fetchone() == ([before],)
+    c.commit()
+    assert count(connect(), "running_job") == 1
+
+
+def test_an_autocommit_connection_gets_all_chunks_in_one_transaction(connect: Any, small_chunks: int) -> None:
+    c = connect()  # autocommit
+    jobs: list[dict[str, Any]] = [{"kind": "k"} for _ in range(35)] + [{"kind": ""}]
+    with pytest.raises(fairqueue.InvalidJobError, match=r"job #35: kind must be 1 to 255"):
+        fairqueue.bulk_enqueue(c, jobs)
+    assert count(c, "job") == 0
+    assert fairqueue.bulk_enqueue(c, jobs[:35]).created == 35
+    assert count(c, "job") == 35

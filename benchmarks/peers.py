@@ -1,6 +1,6 @@
 """Drain throughput of fairqueue side by side with PgQueuer, Procrastinate and a hand-written loop.
 
-    python -m benchmarks.peers [--jobs 20000] [--rounds 2] [--database-url URL] [--quick] [--no-doc]
+    python -m benchmarks.peers [--jobs 20000] [--rounds 2] [--database-url URL] [--no-peers] [--quick] [--no-doc]
 
 One PostgreSQL (embedded 18 with durable settings unless --database-url), a fresh database per system
 per round, systems alternating (the order rotates every round). Every system drains the same number of
@@ -16,69 +16,34 @@ configured as its documentation sets it up, PgQueuer also as tuned in the perfor
 - PgQueuer 1.6 (asyncpg, durable tables): 1 process x 5 queue managers x batch 10; tuned: 2 processes
   x 1 queue manager x batch 50. Drain mode.
 - Procrastinate 3.10: 2 processes x concurrency 10, run_worker(wait=False).
-- hand-written SKIP LOCKED loop: batch 10 x 1 process, batch 100 x 2 processes (unfair, no history,
-  one table: the floor).
-- fairqueue worker: 2 processes x concurrency 10 (batch 10), and x concurrency 50 (batch 50).
+- hand-written SKIP LOCKED loop: batch 10 x 1 process, and 2 processes x batch 50 and x batch 100
+  (unfair, no history, one table: the floor).
+- fairqueue worker: 2 processes x concurrency 10 (batch 10), x concurrency 50 (batch 50) and
+  x concurrency 100 (batch 100).
 
-Then fairness, once per system: Bob enqueues 10,000 jobs, then Alice 1, and the workers drain the
+Targets (the performance issue): fairqueue at least 2x tuned PgQueuer, and at least 0.6x the loop at
+the same claim batch size; both are reported for batch 50 and batch 100.
+
+Then fairness, once per system: Bob enqueues 10,000 jobs (--bob), then Alice 1, and the workers drain the
 queue; reported is how many jobs had started when Alice's did, and her wait.
 
-Writes benchmarks/results/peers-<time>.json and appends a section to docs/benchmarks.md.
+Writes benchmarks/results/peers-<time>.json and appends a section to docs/benchmarks.md
+(`make bench-drain`, or `make bench-peers`).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
-import os
-import platform
 import statistics
 import subprocess
-import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from benchmarks import end_to_end
-from benchmarks._common import database
-from fairqueue import migrations
-from fairqueue.urls import with_database
+from benchmarks._common import SCRIPTS, Run, parser, scalar, session, verdict, wait_for
+from benchmarks._systems import Fairqueue, Loop, System
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".bench-venv"
-REQUIREMENTS = ROOT / "benchmarks" / "requirements-peers.txt"
-SCRIPTS = ROOT / "benchmarks" / "peer_workers"
-
-
-# -- the benchmark-only virtualenv --------------------------------------------------------------------
-
-
-def bench_python() -> str:
-    """The .bench-venv interpreter, with the peers installed (built or refreshed when needed)."""
-    python = VENV / "bin" / "python"
-    stamp = VENV / ".requirements-sha256"
-    wanted = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-    if python.exists() and stamp.exists() and stamp.read_text().strip() == wanted:
-        return str(python)
-    print(f"building the benchmark-only virtualenv {VENV} (PgQueuer, Procrastinate) ...", flush=True)
-    try:
-        if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", str(REQUIREMENTS)],
-            check=True,
-        )
-    except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"could not build {VENV}: {exc}") from None
-    stamp.write_text(wanted + "\n")
-    return str(python)
-
-
-# -- peers ----------------------------------------------------------------------------------------------
+# -- peers (their own drain mode) -------------------------------------------------------------------------
 
 
 def _peer(python: str, script: str, url: str, *args: str) -> None:
@@ -150,41 +115,67 @@ def drain_procrastinate(python: str, url: str, jobs: int, processes: int, concur
     )
 
 
+# -- fairqueue and the loop ------------------------------------------------------------------------------
+
+
+def drain(system: System, url: str, jobs: int) -> dict[str, Any]:
+    """Queues ``jobs`` no-op jobs, starts the workers, waits for the queue to empty."""
+    system.setup(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for done in range(0, jobs, 10_000):
+            system.add(conn, "c0", min(10_000, jobs - done))
+        conn.execute("VACUUM ANALYZE")
+        workers = system.start(url)
+        try:
+            wait_for(conn, f"SELECT ({system.unfinished_sql}) = 0", timeout=900, what="the queue to drain")
+        finally:
+            workers.stop()
+    return _rate(url, system.span_sql)
+
+
 # -- Bob's backlog, then Alice's one job: where does Alice's job start? -----------------------------------
 
-BOB = 10_000
 
-
-def _alice(url: str, query: str, *params: Any) -> dict[str, Any]:
+def _alice(url: str, bob: int, query: str, *params: Any) -> dict[str, Any]:
     """{position: how many jobs had started when Alice's did (hers included), wait_ms: her wait}."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(query, params).fetchone()
     assert row is not None and row[0] is not None, "Alice's job did not run"
-    return {"position": int(row[0]), "of": BOB + 1, "wait_ms": round(float(row[1]) * 1000, 1)}
+    return {"position": int(row[0]), "of": bob + 1, "wait_ms": round(float(row[1]) * 1000, 1)}
 
 
-def backlog_pgqueuer(python: str, url: str, processes: int, managers: int, batch: int) -> dict[str, Any]:
-    _peer(python, "pgqueuer_drain.py", url, "install")
-    _peer(python, "pgqueuer_drain.py", url, "backlog", str(BOB))
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT id, created FROM pgqueuer WHERE payload = 'alice'::bytea").fetchone()
-    assert row is not None
-    _run_peer_workers(python, "pgqueuer_drain.py", url, processes, str(managers), str(batch))
-    return _alice(
-        url,
-        "SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'picked' AND id <= a.id), "
-        "extract(epoch FROM a.created - %s) FROM pgqueuer_log a WHERE a.status = 'picked' AND a.job_id = %s",
-        row[1],
-        row[0],
+def _alice_in(times_sql: str) -> str:
+    """Alice's position and wait from a system's (job_id, enqueued, started) rows."""
+    return (
+        f"WITH t AS ({times_sql}) SELECT (SELECT count(*) FROM t WHERE started <= a.started), "
+        "extract(epoch FROM a.started - a.enqueued) FROM t a WHERE a.job_id = %s"
     )
 
 
-def backlog_procrastinate(python: str, url: str, processes: int, concurrency: int) -> dict[str, Any]:
+def backlog_pgqueuer(python: str, url: str, bob: int, processes: int, managers: int, batch: int) -> dict[str, Any]:
+    _peer(python, "pgqueuer_drain.py", url, "install")
+    _peer(python, "pgqueuer_drain.py", url, "backlog", str(bob))
+    with psycopg.connect(url, autocommit=True) as conn:
+        alice = scalar(conn, "SELECT id FROM pgqueuer WHERE payload = 'alice'::bytea")
+    _run_peer_workers(python, "pgqueuer_drain.py", url, processes, str(managers), str(batch))
+    return _alice(
+        url,
+        bob,
+        _alice_in(
+            "SELECT q.job_id, q.created AS enqueued, p.created AS started FROM pgqueuer_log q "
+            "JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked' WHERE q.status = 'queued'"
+        ),
+        alice,
+    )
+
+
+def backlog_procrastinate(python: str, url: str, bob: int, processes: int, concurrency: int) -> dict[str, Any]:
     _peer(python, "procrastinate_drain.py", url, "install")
-    _peer(python, "procrastinate_drain.py", url, "backlog", str(BOB))
+    _peer(python, "procrastinate_drain.py", url, "backlog", str(bob))
     _run_peer_workers(python, "procrastinate_drain.py", url, processes, str(concurrency))
     return _alice(
         url,
+        bob,
         "SELECT (SELECT count(*) FROM procrastinate_events WHERE type = 'started' AND id <= s.id), "
         "extract(epoch FROM s.at - d.at) FROM procrastinate_jobs j "
         "JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'started' "
@@ -192,202 +183,131 @@ def backlog_procrastinate(python: str, url: str, processes: int, concurrency: in
     )
 
 
-def backlog_fairqueue(url: str, processes: int, concurrency: int, batch: int) -> dict[str, Any]:
-    import fairqueue
-    from benchmarks.tasks import noop
-
-    migrations.upgrade(url)
+def backlog(system: System, url: str, bob: int) -> dict[str, Any]:
+    """Bob's jobs, then Alice's one; the workers start once both are queued and drain the queue."""
+    system.setup(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        with conn.transaction():
-            fairqueue.enqueue_many(conn, [noop.using(channel="bob").spec() for _ in range(BOB)])
-        noop.using(channel="alice").enqueue(conn)
-        procs = end_to_end._start_workers(url, processes, concurrency, batch)
+        system.add(conn, "bob", bob)
+        alice = system.add_one(conn, "alice")
+        workers = system.start(url)
         try:
-            end_to_end._wait_empty(conn, "SELECT count(*) FROM fairqueue.job")
+            wait_for(conn, f"SELECT ({system.unfinished_sql}) = 0", timeout=600, what="the queue to drain")
         finally:
-            end_to_end._stop_workers(procs)
-    return _alice(
-        url,
-        "SELECT (SELECT count(*) FROM fairqueue.completed_job WHERE started_at <= a.started_at), "
-        "extract(epoch FROM a.started_at - a.enqueued_at) FROM fairqueue.completed_job a WHERE a.channel = 'alice'",
-    )
-
-
-def backlog_loop(url: str, processes: int, batch: int) -> dict[str, Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(end_to_end.REFERENCE_TABLE)
-        conn.execute("INSERT INTO bench_queue (kind) SELECT 'bob' FROM generate_series(1, %s)", (BOB,))
-        (alice,) = conn.execute("INSERT INTO bench_queue (kind) VALUES ('alice') RETURNING id").fetchone() or (0,)
-        procs, stop = end_to_end._start_reference(url, processes, batch)
-        try:
-            end_to_end._wait_empty(conn, "SELECT count(*) FROM bench_queue")
-        finally:
-            end_to_end._stop_reference(procs, stop)
-    return _alice(
-        url,
-        "SELECT (SELECT count(*) FROM bench_done WHERE started_at <= a.started_at), "
-        "extract(epoch FROM a.started_at - a.enqueued_at) FROM bench_done a WHERE a.id = %s",
-        alice,
-    )
-
-
-BACKLOG: list[tuple[str, Callable[[str, str], dict[str, Any]]]] = [
-    ("loop, batch 10, 1 proc", lambda py, url: backlog_loop(url, 1, 10)),
-    ("fairqueue, 2 procs x concurrency 10 (batch 10)", lambda py, url: backlog_fairqueue(url, 2, 10, 10)),
-    ("PgQueuer 1.6 tuned, 2 procs x batch 50", lambda py, url: backlog_pgqueuer(py, url, 2, 1, 50)),
-    ("Procrastinate 3.10, 2 procs x concurrency 10", lambda py, url: backlog_procrastinate(py, url, 2, 10)),
-]
-
-
-# -- fairqueue and the loop (benchmarks/end_to_end.py's drains) --------------------------------------------
-
-
-def _e2e(jobs: int, processes: int, batch: int, concurrency: int) -> argparse.Namespace:
-    return argparse.Namespace(jobs=jobs, processes=processes, batch=batch, concurrency=concurrency, channels=1)
-
-
-def drain_fairqueue(url: str, jobs: int, processes: int, concurrency: int, batch: int) -> dict[str, Any]:
-    migrations.upgrade(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(end_to_end.REFERENCE_TABLE)
-    return end_to_end.drain_fairqueue(url, _e2e(jobs, processes, batch, concurrency))
-
-
-def drain_loop(url: str, jobs: int, processes: int, batch: int) -> dict[str, Any]:
-    migrations.upgrade(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(end_to_end.REFERENCE_TABLE)
-    return end_to_end.drain_reference(url, _e2e(jobs, processes, batch, batch))
+            workers.stop()
+    return _alice(url, bob, _alice_in(system.times_sql), alice)
 
 
 # -- the run --------------------------------------------------------------------------------------------
 
-SYSTEMS: list[tuple[str, Callable[[str, str, int], dict[str, Any]]]] = [
-    ("loop, batch 10, 1 proc", lambda py, url, n: drain_loop(url, n, 1, 10)),
-    ("loop, batch 100, 2 procs", lambda py, url, n: drain_loop(url, n, 2, 100)),
-    ("fairqueue, 2 procs x concurrency 10 (batch 10)", lambda py, url, n: drain_fairqueue(url, n, 2, 10, 10)),
-    ("fairqueue, 2 procs x concurrency 50 (batch 50)", lambda py, url, n: drain_fairqueue(url, n, 2, 50, 50)),
-    ("PgQueuer 1.6, 1 proc x 5 managers x batch 10", lambda py, url, n: drain_pgqueuer(py, url, n, 1, 5, 10)),
-    ("PgQueuer 1.6 tuned, 2 procs x batch 50", lambda py, url, n: drain_pgqueuer(py, url, n, 2, 1, 50)),
-    ("Procrastinate 3.10, 2 procs x concurrency 10", lambda py, url, n: drain_procrastinate(py, url, n, 2, 10)),
+Runner = Callable[[str | None, str, int], dict[str, Any]]
+
+LOOP10, LOOP50, LOOP100 = "loop, batch 10, 1 proc", "loop, batch 50, 2 procs", "loop, batch 100, 2 procs"
+FQ10 = "fairqueue, 2 procs x concurrency 10 (batch 10)"
+FQ50 = "fairqueue, 2 procs x concurrency 50 (batch 50)"
+FQ100 = "fairqueue, 2 procs x concurrency 100 (batch 100)"
+PGQ = "PgQueuer 1.6, 1 proc x 5 managers x batch 10"
+PGQ_TUNED = "PgQueuer 1.6 tuned, 2 procs x batch 50"
+PROCRASTINATE = "Procrastinate 3.10, 2 procs x concurrency 10"
+
+SYSTEMS: list[tuple[str, bool, Runner]] = [  # (label, is a peer, run(python, url, jobs))
+    (LOOP10, False, lambda py, url, n: drain(Loop(1, 10), url, n)),
+    (LOOP50, False, lambda py, url, n: drain(Loop(2, 50), url, n)),
+    (LOOP100, False, lambda py, url, n: drain(Loop(2, 100), url, n)),
+    (FQ10, False, lambda py, url, n: drain(Fairqueue(2, 10, 10), url, n)),
+    (FQ50, False, lambda py, url, n: drain(Fairqueue(2, 50, 50), url, n)),
+    (FQ100, False, lambda py, url, n: drain(Fairqueue(2, 100, 100), url, n)),
+    (PGQ, True, lambda py, url, n: drain_pgqueuer(str(py), url, n, 1, 5, 10)),
+    (PGQ_TUNED, True, lambda py, url, n: drain_pgqueuer(str(py), url, n, 2, 1, 50)),
+    (PROCRASTINATE, True, lambda py, url, n: drain_procrastinate(str(py), url, n, 2, 10)),
+]
+
+BACKLOG: list[tuple[str, bool, Runner]] = [  # (label, is a peer, run(python, url, Bob's jobs))
+    (LOOP10, False, lambda py, url, n: backlog(Loop(1, 10), url, n)),
+    (FQ10, False, lambda py, url, n: backlog(Fairqueue(2, 10, 10), url, n)),
+    (PGQ_TUNED, True, lambda py, url, n: backlog_pgqueuer(str(py), url, n, 2, 1, 50)),
+    (PROCRASTINATE, True, lambda py, url, n: backlog_procrastinate(str(py), url, n, 2, 10)),
 ]
 
 
-def _fresh_database(server_url: str, name: str) -> str:
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return with_database(server_url, name)
+def _median(runs: list[dict[str, Any]]) -> float | None:
+    rates = [r["jobs_per_s"] for r in runs if r["jobs_per_s"]]
+    return statistics.median(rates) if rates else None
 
 
-def _versions(python: str) -> dict[str, str]:
-    out = subprocess.run(
-        [
-            python,
-            "-c",
-            "import importlib.metadata as m; print(m.version('pgqueuer'), m.version('procrastinate'), "
-            "m.version('asyncpg'))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    import fairqueue
-
-    return {"fairqueue": fairqueue.__version__, "pgqueuer": out[0], "procrastinate": out[1], "asyncpg": out[2]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--database-url", default=None, help="a server to create benchmark databases on")
-    parser.add_argument("--quick", action="store_true", help="2,000 jobs, 1 round (a smoke run)")
-    parser.add_argument("--no-doc", action="store_true", help="do not append to docs/benchmarks.md")
-    args = parser.parse_args()
-    if args.quick:
-        args.jobs, args.rounds = 2_000, 1
-    python = bench_python()
-    load_before = os.getloadavg()
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in SYSTEMS}
-    with database(args.database_url) as server_url:
-        machine = end_to_end._machine(server_url)
-        for round_no in range(args.rounds):
-            order = SYSTEMS[round_no % len(SYSTEMS) :] + SYSTEMS[: round_no % len(SYSTEMS)]
-            for name, run in order:
-                url = _fresh_database(server_url, "fq_peers")
-                result = run(python, url, args.jobs)
-                results[name].append(result)
-                print(f"round {round_no + 1}: {name}: {result['jobs_per_s']:,} jobs/s ({result['jobs']:,} jobs)")
-        backlog: dict[str, dict[str, Any]] = {}
-        for name, run_backlog in BACKLOG:
-            backlog[name] = run_backlog(python, _fresh_database(server_url, "fq_peers"))
-            b = backlog[name]
-            print(f"Bob {BOB:,} then Alice 1: {name}: Alice's job started #{b['position']:,}, {b['wait_ms']:,} ms wait")
-    report = {
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "jobs": args.jobs,
-        "rounds": args.rounds,
-        "machine": machine | {"load_before": load_before, "load_after": os.getloadavg()},
-        "versions": _versions(python) | {"python": platform.python_version()},
-        "results": results,
-        "backlog": backlog,
-    }
-    out = end_to_end.RESULTS / f"peers-{report['at'].replace(':', '')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {out}")
-    if not args.no_doc:
-        _append_doc(report)
+def targets(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The issue's drain targets, each with the measured ratio and whether it is met."""
+    med = {name: _median(runs) for name, runs in results.items()}
+    rows = []
+    for fq, other, bar, what in [
+        (FQ50, PGQ_TUNED, 2.0, "fairqueue batch 50 / PgQueuer tuned"),
+        (FQ100, PGQ_TUNED, 2.0, "fairqueue batch 100 / PgQueuer tuned"),
+        (FQ50, LOOP50, 0.6, "fairqueue batch 50 / loop batch 50"),
+        (FQ100, LOOP100, 0.6, "fairqueue batch 100 / loop batch 100"),
+    ]:
+        a, b = med.get(fq), med.get(other)
+        ratio = a / b if a and b else None
+        rows.append({"what": what, "target": bar, "ratio": ratio, "met": None if ratio is None else ratio >= bar})
+    return rows
 
 
-def _median(runs: list[dict[str, Any]]) -> float:
-    return statistics.median(r["jobs_per_s"] for r in runs if r["jobs_per_s"])
-
-
-def _append_doc(report: dict[str, Any]) -> None:
-    m, v = report["machine"], report["versions"]
-    pg = m["postgresql"]
-    r = report["results"]
-    lines = [
-        "",
-        f"### Peer comparison run {report['at']}",
-        "",
-        f"{m['cpus']} CPUs, PostgreSQL {pg.get('server_version')} (fsync={pg.get('fsync')}, "
-        f"synchronous_commit={pg.get('synchronous_commit')}, shared_buffers={pg.get('shared_buffers')} x 8kB); "
-        f"load average {report['machine']['load_before'][0]:.1f} before, "
-        f"{report['machine']['load_after'][0]:.1f} after. fairqueue {v['fairqueue']}, PgQueuer {v['pgqueuer']} "
-        f"(asyncpg {v['asyncpg']}), Procrastinate {v['procrastinate']}, Python {v['python']}. Drain of "
-        f"{report['jobs']:,} no-op jobs, {report['rounds']} round(s), systems alternating; "
-        "`python -m benchmarks.peers`.",
-        "",
-        "| system | drain jobs/s (median) | runs |",
-        "|---|---|---|",
-    ]
-    for name, runs in r.items():
+def report(run: Run, args: Any, results: dict[str, Any], backlogs: dict[str, Any]) -> None:
+    jobs, rounds, bob = args.jobs, args.rounds, args.bob
+    checks = targets(results)
+    table = ["| system | drain jobs/s (median) | runs |", "|---|---:|---|"]
+    for name, runs in results.items():
         rates = ", ".join(f"{x['jobs_per_s']:,}" for x in runs if x["jobs_per_s"])
-        lines.append(f"| {name} | {_median(runs):,.0f} | {rates} |")
-    fq10 = _median(r["fairqueue, 2 procs x concurrency 10 (batch 10)"])
-    fq50 = _median(r["fairqueue, 2 procs x concurrency 50 (batch 50)"])
-    tuned = _median(r["PgQueuer 1.6 tuned, 2 procs x batch 50"])
-    loop10 = _median(r["loop, batch 10, 1 proc"])
-    lines += [
+        median = _median(runs)
+        table.append(f"| {name} | {median:,.0f} | {rates} |" if median else f"| {name} | - | |")
+    table += ["", "| target | measured | |", "|---|---:|---|"]
+    for c in checks:
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"
+        table.append(f"| {c['what']} >= {c['target']:g}x | {ratio} | {verdict(c['met'])} |")
+    table += [
         "",
-        f"Ratios: fairqueue (batch 50) / PgQueuer tuned = {fq50 / tuned:.2f} (target >= 2); "
-        f"fairqueue (batch 10) / loop (batch 10) = {fq10 / loop10:.2f} (target >= 0.6).",
-        "",
-    ]
-    lines += [
-        f"Bob enqueues {BOB:,} jobs, then Alice 1; the workers drain the queue. Where Alice's job started:",
+        f"Bob enqueues {bob:,} jobs, then Alice 1; the workers start and drain the queue. Where Alice's job started:",
         "",
         "| system | Alice's job started | Alice's wait (workers start after both enqueues) |",
         "|---|---|---|",
     ]
-    for name, b in report["backlog"].items():
-        lines.append(f"| {name} | #{b['position']:,} of {b['of']:,} | {b['wait_ms']:,} ms |")
-    lines.append("")
-    with end_to_end.DOC.open("a") as doc:
-        doc.write("\n".join(lines))
+    for name, b in backlogs.items():
+        table.append(f"| {name} | #{b['position']:,} of {b['of']:,} | {b['wait_ms']:,} ms |")
+    run.finish(
+        {"jobs": jobs, "rounds": rounds, "bob": bob, "drain": results, "targets": checks, "backlog": backlogs},
+        f"Drain of {jobs:,} no-op jobs, {rounds} round(s), systems alternating",
+        table,
+        [
+            "Rates from each system's own records (first job's start to the last job's finish), so process "
+            "start-up is not counted."
+        ],
+    )
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0], peers=True)
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--bob", type=int, default=10_000, help="Bob's jobs ahead of Alice's one (default 10,000)")
+    args = p.parse_args()
+    if args.quick:
+        args.jobs, args.rounds, args.bob = 2_000, 1, 1_000
+    with session("peers", args, peers=True) as run:
+        systems = [s for s in SYSTEMS if run.python or not s[1]]
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in systems}
+        for round_no in range(args.rounds):
+            order = systems[round_no % len(systems) :] + systems[: round_no % len(systems)]
+            for name, _, run_drain in order:
+                result = run_drain(run.python, run.database("fq_peers"), args.jobs)
+                results[name].append(result)
+                print(f"round {round_no + 1}: {name}: {result['jobs_per_s']:,} jobs/s ({result['jobs']:,} jobs)")
+        backlogs: dict[str, dict[str, Any]] = {}
+        for name, is_peer, run_backlog in BACKLOG:
+            if run.python or not is_peer:
+                b = backlogs[name] = run_backlog(run.python, run.database("fq_peers"), args.bob)
+                print(f"Bob {args.bob:,} then Alice 1: {name}: Alice's job #{b['position']:,}, {b['wait_ms']} ms")
+        for c in targets(results):
+            ratio = "-" if c["ratio"] is None else f"{c['ratio']:.2f}"
+            print(f"{c['what']} = {ratio} (target >= {c['target']:g}): {verdict(c['met']).strip('*')}")
+        report(run, args, results, backlogs)
 
 
 if __name__ == "__main__":

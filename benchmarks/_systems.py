@@ -122,6 +122,7 @@ class System:
     unfinished_sql: str
     queued_by_channel_sql: str
     span_sql: str = ""  # (jobs, seconds from the first start to the last finish)
+    started_by_channel_sql: str = ""  # (channel, started) of every started job
 
     def setup(self, url: str) -> None:
         raise NotImplementedError
@@ -139,6 +140,11 @@ class System:
     def add_one(self, conn: psycopg.Connection[Any], channel: str) -> int:
         """Enqueues one no-op job into ``channel`` (its own transaction); returns its id."""
         raise NotImplementedError
+
+    def prefill(self, url: str, channel: str, n: int) -> None:
+        """Queues ``n`` jobs into ``channel`` before the workers start."""
+        with psycopg.connect(url, autocommit=True) as conn:
+            self.add(conn, channel, n)
 
     def keep_backlogged(self, url: str, channels: list[str], *, alice: bool = False, **kwargs: Any) -> dict[str, Any]:
         """pace.keep_backlogged against this system; with ``alice``, one job a second into "alice"."""
@@ -167,6 +173,7 @@ class Fairqueue(System):
             unfinished_sql="SELECT count(*) FROM fairqueue.job",
             queued_by_channel_sql="SELECT channel, count(*) FROM fairqueue.job GROUP BY channel",
             span_sql=SPAN.format(table="fairqueue.completed_job"),
+            started_by_channel_sql="SELECT channel, started_at AS started FROM fairqueue.completed_job",
         )
 
     def setup(self, url: str) -> None:
@@ -217,6 +224,7 @@ class Loop(System):
             unfinished_sql="SELECT count(*) FROM bench_queue",
             queued_by_channel_sql="SELECT kind, count(*) FROM bench_queue WHERE status = 'ready' GROUP BY kind",
             span_sql=SPAN.format(table="bench_done"),
+            started_by_channel_sql="SELECT kind AS channel, started_at AS started FROM bench_done",
         )
 
     def setup(self, url: str) -> None:
@@ -278,7 +286,7 @@ class PgQueuer(System):
     def __init__(self, python: str, processes: int = 2, batch: int = 50) -> None:
         self.python, self.processes, self.batch = python, processes, batch
         super().__init__(
-            label=f"PgQueuer 1.6 tuned, {processes} procs x batch {batch}",
+            label=f"PgQueuer 1.6 (continuous), {processes} procs x batch {batch}",
             key="pgqueuer",
             times_sql=(
                 "SELECT q.job_id, q.created AS enqueued, p.created AS started FROM pgqueuer_log q "
@@ -288,6 +296,9 @@ class PgQueuer(System):
             queued_by_channel_sql=(
                 "SELECT encode(payload, 'escape'), count(*) FROM pgqueuer WHERE status = 'queued' GROUP BY 1"
             ),
+            # pgqueuer_log does not keep the payload (our channel): started jobs, channel unknown
+            started_by_channel_sql="SELECT NULL::text AS channel, created AS started FROM pgqueuer_log "
+            "WHERE status = 'picked'",
         )
 
     def _run(self, url: str, *args: str) -> str:
@@ -316,6 +327,9 @@ class PgQueuer(System):
 
     def producer_argv(self, url: str, rate: float, seconds: float, start_at: float) -> list[str]:
         return [self.python, self.SCRIPT, url, "produce", str(rate), str(seconds), str(start_at)]
+
+    def prefill(self, url: str, channel: str, n: int) -> None:
+        self._run(url, "add", channel, str(n))
 
     def keep_backlogged(self, url: str, channels: list[str], *, alice: bool = False, **kwargs: Any) -> dict[str, Any]:
         args = {"channels": channels, "alice": alice, **kwargs}

@@ -4,6 +4,7 @@
     python pgqueuer_steady.py URL install
     python pgqueuer_steady.py URL serve BATCH                   # prints "ready"; runs until stdin closes
     python pgqueuer_steady.py URL produce RATE SECONDS START_AT  # one job per transaction, paced
+    python pgqueuer_steady.py URL add CHANNEL JOBS              # JOBS jobs with payload CHANNEL
     python pgqueuer_steady.py URL backlogged JSON               # keeps channels backlogged (pace.py)
     python pgqueuer_steady.py URL enqueue-latency SAMPLES GAP   # enqueue inside a transaction, timed
 
@@ -129,6 +130,10 @@ def main() -> None:
         asyncio.run(serve(url, int(rest[0])))
     elif action == "produce":
         produce(url, float(rest[0]), float(rest[1]), float(rest[2]))
+    elif action == "add":
+        p = Producer(url)
+        p.enqueue(rest[0].encode(), int(rest[1]))
+        p.close()
     elif action == "backlogged":
         backlogged(url, json.loads(rest[0]))
     elif action == "enqueue-latency":

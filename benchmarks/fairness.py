@@ -1,0 +1,236 @@
+"""Fairness under saturation: does a light tenant's job wait for a heavy tenant's backlog?
+
+    python -m benchmarks.fairness [--seconds 30] [--backlog 5000] [--channels 10] [--processes 2]
+                                  [--concurrency 10] [--batch 10] [--no-peers] [--quick] [--no-doc]
+
+1. Bob floods, Alice trickles. Bob's backlog is kept at --backlog jobs (topped up whenever fewer
+   than 60% remain, so the workers are saturated throughout), while Alice enqueues one job a second,
+   one per transaction, for --seconds. Reported per system: Alice's wait (enqueue -> start, from the
+   system's own timestamps) p50 / p95 / max, and how many jobs a second the fleet started.
+   For fairqueue also one claim cycle of the fleet: the median time between two successive claims
+   of one worker process, from fairqueue's own records (the jobs of one claim share their
+   completed_job.started_at, the claim's clock; grouped by worker_id, successive distinct started_at
+   values are successive claims). Target: Alice's p95 <= one claim cycle (her job goes out with the
+   next claim). PgQueuer 1.6 tuned and the hand-written loop run the same load: they serve in
+   enqueue order, so Alice waits behind Bob's backlog.
+2. Equal channels. --channels channels, each kept backlogged (--backlog / --channels jobs each, topped
+   up the same way), for --seconds: jobs started per channel per second over the run (the first
+   second left out) and Jain's fairness index (sum x)^2 / (n * sum x^2) of those rates, 1.0 when
+   every channel gets the same. Target: >= 0.99. fairqueue and the loop (whose FIFO order is only
+   as fair as the refills happen to be).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from benchmarks._common import Run, now, parser, percentiles, session, verdict, wait_for
+from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
+
+CLAIM_CYCLE_SQL = """
+WITH claims AS (
+    SELECT worker_id, started_at, count(*) AS jobs FROM fairqueue.completed_job
+    WHERE worker_id IS NOT NULL AND started_at >= %(t0)s AND started_at < %(t1)s
+    GROUP BY worker_id, started_at
+), gaps AS (
+    SELECT jobs, extract(epoch FROM started_at - lag(started_at) OVER (PARTITION BY worker_id ORDER BY started_at))
+               * 1000 AS gap_ms
+    FROM claims
+)
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY gap_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY jobs),
+       count(*)
+FROM gaps WHERE gap_ms IS NOT NULL
+"""
+
+
+def _keep(system: System, url: str, channels: list[str], args: Any, *, alice: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """Runs the backlogged load for --seconds; returns the database's clock at its start and end."""
+    per_channel = args.backlog // len(channels)
+    with psycopg.connect(url, autocommit=True) as conn:
+        t0 = now(conn)
+        load = system.keep_backlogged(
+            url,
+            channels,
+            alice=alice,
+            seconds=args.seconds,
+            backlog=per_channel,
+            low=per_channel * 6 // 10,
+            start_at=time.time() + 0.2,
+        )
+        t1 = now(conn)
+    return t0, t1, load
+
+
+def _started_per_s(conn: psycopg.Connection[Any], system: System, t0: Any, t1: Any) -> float:
+    row = conn.execute(
+        f"SELECT count(*) FROM ({system.started_by_channel_sql}) s WHERE started >= %s AND started < %s", (t0, t1)
+    ).fetchone()
+    assert row is not None
+    return round(row[0] / (t1 - t0).total_seconds())
+
+
+def flood(run: Run, system: System, args: Any) -> dict[str, Any]:
+    url = run.database("fq_fairness")
+    system.setup(url)
+    system.prefill(url, "bob", args.backlog)
+    with psycopg.connect(url, autocommit=True) as conn:
+        workers = system.start(url)
+        try:
+            t0, t1, load = _keep(system, url, ["bob"], args, alice=True)
+            ids = load["trickled_ids"]
+            wait_for(
+                conn,
+                f"SELECT count(*) = {len(ids)} FROM ({system.times_sql}) t WHERE job_id = ANY(ARRAY{ids}::bigint[])",
+                timeout=600,
+                what="Alice's jobs to start",
+            )
+        finally:
+            workers.stop()
+        waits = [
+            float(w)
+            for (w,) in conn.execute(
+                f"SELECT extract(epoch FROM started - enqueued) * 1000 FROM ({system.times_sql}) t "
+                "WHERE job_id = ANY(%s)",
+                (ids,),
+            )
+        ]
+        result: dict[str, Any] = {
+            "system": system.label,
+            "key": system.key,
+            "alice_jobs": len(waits),
+            "alice_wait_ms": percentiles(waits, (50, 95)),
+            "bob_added": load["added"],
+            "started_per_s": _started_per_s(conn, system, t0, t1),
+        }
+        if system.key == "fairqueue":
+            row = conn.execute(CLAIM_CYCLE_SQL, {"t0": t0, "t1": t1}).fetchone()
+            assert row is not None
+            cycle, jobs_per_claim, claims = row
+            result |= {"claim_cycle_ms": cycle, "jobs_per_claim": jobs_per_claim, "claims": claims}
+            p95 = result["alice_wait_ms"]["p95"]
+            result["target_met"] = None if cycle is None else p95 <= cycle
+    return result
+
+
+def jain(rates: list[float]) -> float:
+    """Jain's fairness index: 1.0 when all rates are equal, 1/n when one channel gets everything."""
+    total, squares = sum(rates), sum(x * x for x in rates)
+    return total * total / (len(rates) * squares) if squares else 0.0
+
+
+def equal_channels(run: Run, system: System, args: Any) -> dict[str, Any]:
+    url = run.database("fq_fairness")
+    system.setup(url)
+    channels = [f"tenant{i}" for i in range(args.channels)]
+    for c in channels:
+        system.prefill(url, c, args.backlog // args.channels)
+    with psycopg.connect(url, autocommit=True) as conn:
+        workers = system.start(url)
+        try:
+            t0, t1, _ = _keep(system, url, channels, args, alice=False)
+        finally:
+            workers.stop()
+        counts: dict[str, int] = dict(
+            conn.execute(
+                f"SELECT channel, count(*) FROM ({system.started_by_channel_sql}) s "
+                "WHERE started >= %s + interval '1 second' AND started < %s GROUP BY channel",
+                (t0, t1),
+            ).fetchall()
+        )
+    seconds = (t1 - t0).total_seconds() - 1
+    rates = {c: counts.get(c, 0) / seconds for c in channels}
+    index = jain(list(rates.values()))
+    return {
+        "system": system.label,
+        "key": system.key,
+        "per_channel_per_s": {c: round(r, 1) for c, r in rates.items()},
+        "total_per_s": round(sum(rates.values())),
+        "jain": index,
+        "target_met": index >= 0.99 if system.key == "fairqueue" else None,
+    }
+
+
+def _target(result: dict[str, Any]) -> str:
+    return verdict(result.get("target_met")) if result["key"] == "fairqueue" else "reference"
+
+
+def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) -> list[str]:
+    lines = [
+        f"Bob keeps {args.backlog:,} jobs queued, Alice enqueues 1 job/s for {args.seconds:g} s:",
+        "",
+        "| system | fleet started | Alice's wait p50 / p95 / max | one claim cycle (jobs per claim) | "
+        "target: Alice's p95 <= one claim cycle |",
+        "|---|---:|---|---|---|",
+    ]
+    for f in floods:
+        w = f["alice_wait_ms"]
+        cycle = (
+            f"{f['claim_cycle_ms']:.1f} ms ({f['jobs_per_claim']:g})" if f.get("claim_cycle_ms") is not None else "-"
+        )
+        lines.append(
+            f"| {f['system']} | {f['started_per_s']:,.0f} jobs/s | {w['p50']:,.1f} / {w['p95']:,.1f} / "
+            f"{w['max']:,.1f} ms | {cycle} | {_target(f)} |"
+        )
+    lines += [
+        "",
+        f"{args.channels} channels, each kept backlogged, for {args.seconds:g} s (jobs started per second and "
+        "channel; PgQueuer's log does not keep the payload that names the channel):",
+        "",
+        "| system | total | per channel: min / max | Jain's index | target >= 0.99 |",
+        "|---|---:|---|---:|---|",
+    ]
+    for e in equal:
+        rates = e["per_channel_per_s"].values()
+        lines.append(
+            f"| {e['system']} | {e['total_per_s']:,} jobs/s | {min(rates):,.1f} / {max(rates):,.1f} | "
+            f"{e['jain']:.4f} | {_target(e)} |"
+        )
+    return lines
+
+
+def main() -> None:
+    p = parser(__doc__, peers=True)
+    p.add_argument("--seconds", type=float, help="length of each run (default 30; --quick 5)")
+    p.add_argument("--backlog", type=int, help="jobs kept queued: Bob's, or shared by the channels (default 5,000)")
+    p.add_argument("--channels", type=int, default=10, help="equally loaded channels (default 10)")
+    p.add_argument("--processes", type=int, default=2, help="worker processes per system (default 2)")
+    p.add_argument("--concurrency", type=int, default=10, help="fairqueue worker --concurrency (default 10)")
+    p.add_argument("--batch", type=int, default=10, help="claim batch of every system (default 10)")
+    args = p.parse_args()
+    args.seconds = args.seconds or (5.0 if args.quick else 30.0)
+    args.backlog = args.backlog or (2_000 if args.quick else 5_000)
+    with session("fairness", args, peers=True) as run:
+        systems: list[System] = [
+            Fairqueue(args.processes, args.concurrency, args.batch),
+            Loop(args.processes, args.batch),
+        ]
+        if run.python:
+            systems.insert(1, PgQueuer(run.python, args.processes, args.batch))
+        floods = []
+        for system in systems:
+            f = flood(run, system, args)
+            floods.append(f)
+            print(f"flood: {system.label}: Alice's wait {f['alice_wait_ms']}, cycle {f.get('claim_cycle_ms')}")
+        equal = []
+        for system in systems:
+            if system.key != "pgqueuer":
+                e = equal_channels(run, system, args)
+                equal.append(e)
+                print(f"equal channels: {system.label}: {e['per_channel_per_s']} Jain {e['jain']:.4f}", flush=True)
+        run.finish(
+            {"flood": floods, "equal_channels": equal},
+            "Fairness under saturation",
+            table(floods, equal, args),
+            [
+                f"{args.processes} worker processes per system, claim batch {args.batch}. Waits from each system's "
+                "own database timestamps (benchmarks/_systems.py); a claim cycle is the median time between two "
+                "successive claims of one fairqueue worker process (its jobs' shared started_at)."
+            ],
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,42 +1,38 @@
-"""Claim latency versus backlog: does claiming a batch cost the same at 1,000 and 1,000,000 queued jobs?
+"""Claim latency versus backlog: does claiming a batch cost the same at 1,000 and 1,000,000 queued jobs,
+and with 10 or 10,000 channels?
 
     python -m benchmarks.claim_latency                 # embedded PostgreSQL, durable settings
-    python -m benchmarks.claim_latency --database-url postgresql://...   # an existing (scratch!) database
+    python -m benchmarks.claim_latency --database-url postgresql://...   # a server for scratch databases
     python -m benchmarks.claim_latency --explain docs/claim-plan.txt     # also save the claim's plans
+    python -m benchmarks.claim_latency --scenario 1000000x10000          # one shape only
 
-For each scenario the queue is filled server-side, then the loop is steady state: enqueue 10 jobs
-into random channels, time one claim of --batch jobs (one round trip, client-side wall clock),
-finish them. Results go to benchmarks/results/*.json and a table is printed (markdown).
+Each scenario runs on a fresh database. The queue is filled server-side, then the loop is steady
+state: enqueue 10 jobs into random channels, time one claim of --batch jobs (one round trip,
+client-side wall clock, commit included), finish them; --rounds timed rounds after 50 warm-up rounds
+and one VACUUM (what autovacuum does in the steady state). The hand-written loop's claim (UPDATE ...
+WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT batch)) is timed the same way at the same
+backlogs, as the floor. Target: the claim's p50 within 1.5x across all four shapes (1,000 to
+1,000,000 queued, 10 to 10,000 channels).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import random
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 import fairqueue
-from benchmarks._common import database
+from benchmarks._common import Run, parser, session, verdict
+from benchmarks._systems import Loop
 from fairqueue import migrations
 
 SCENARIOS = [(1_000, 10), (1_000, 10_000), (1_000_000, 10), (1_000_000, 10_000)]
-RESULTS = Path(__file__).parent / "results"
-
-
-def reset(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(
-        "TRUNCATE fairqueue.job, fairqueue.running_job, fairqueue.scheduled_job, fairqueue.job_dependency, "
-        "fairqueue.fifo_holder, fairqueue.fifo_waiting, fairqueue.channel_wakeup, fairqueue.worker, "
-        "fairqueue.channel, fairqueue.completed_job RESTART IDENTITY"
-    )
+QUICK_SCENARIOS = [(1_000, 10), (1_000, 1_000), (20_000, 10), (20_000, 1_000)]
+TARGET = 1.5
 
 
 def fill(conn: psycopg.Connection[Any], jobs: int, channels: int) -> None:
@@ -59,8 +55,16 @@ def fill(conn: psycopg.Connection[Any], jobs: int, channels: int) -> None:
     conn.execute("VACUUM ANALYZE fairqueue.channel")
 
 
+def _quantiles(timings: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(timings, n=100, method="inclusive")
+    return {
+        "claim_ms_p50": round(q[49], 3),
+        "claim_ms_p95": round(q[94], 3),
+        "claim_ms_mean": statistics.fmean(timings),
+    }
+
+
 def run_scenario(conn: psycopg.Connection[Any], jobs: int, channels: int, batch: int, rounds: int) -> dict[str, Any]:
-    reset(conn)
     t0 = time.monotonic()
     fill(conn, jobs, channels)
     fill_s = time.monotonic() - t0
@@ -83,18 +87,36 @@ def run_scenario(conn: psycopg.Connection[Any], jobs: int, channels: int, batch:
         if i >= 50:
             timings.append(elapsed * 1000)
         assert len(claimed) == batch, f"expected a full batch, got {len(claimed)}"
-    timings.sort()
-    q = statistics.quantiles(timings, n=100, method="inclusive")
     return {
         "queued": jobs,
         "channels": channels,
         "batch": batch,
         "rounds": rounds,
         "fill_seconds": round(fill_s, 1),
-        "claim_ms_p50": round(q[49], 3),
-        "claim_ms_p95": round(q[94], 3),
-        "claim_ms_mean": round(statistics.fmean(timings), 3),
-    }
+    } | _quantiles(timings)
+
+
+def run_loop(url: str, jobs: int, batch: int, rounds: int) -> dict[str, Any]:
+    """The hand-written loop's claim at the same backlog: insert 10, time the claim, delete the batch."""
+    Loop().setup(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO bench_queue (kind) SELECT 'noop' FROM generate_series(1, %s)", (jobs,))
+        conn.execute("VACUUM ANALYZE bench_queue")
+        timings: list[float] = []
+        for i in range(rounds + 50):
+            conn.execute("INSERT INTO bench_queue (kind) SELECT 'noop' FROM generate_series(1, 10)")
+            t = time.perf_counter()
+            rows = conn.execute(
+                "UPDATE bench_queue SET status = 'running', started_at = clock_timestamp() WHERE id IN ("
+                "SELECT id FROM bench_queue WHERE status = 'ready' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
+                "RETURNING id, kind, args",
+                (batch,),
+            ).fetchall()
+            elapsed = time.perf_counter() - t
+            conn.execute("DELETE FROM bench_queue WHERE id = ANY(%s)", ([r[0] for r in rows],))
+            if i >= 50:
+                timings.append(elapsed * 1000)
+    return {"queued": jobs, "batch": batch, "rounds": rounds} | _quantiles(timings)
 
 
 def explain_claim(conn: psycopg.Connection[Any], batch: int) -> str:
@@ -119,66 +141,95 @@ def explain_claim(conn: psycopg.Connection[Any], batch: int) -> str:
     return "\n\n".join(notices)
 
 
+def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """p50 ratios along each axis (largest / smallest backlog, most / fewest channels) and overall."""
+    by = {(r["queued"], r["channels"]): r["claim_ms_p50"] for r in results}
+    queued = sorted({q for q, _ in by})
+    channels = sorted({c for _, c in by})
+    checks = []
+    for c in channels:
+        if (queued[0], c) in by and (queued[-1], c) in by and len(queued) > 1:
+            checks.append(
+                (f"{queued[-1]:,} vs {queued[0]:,} queued, {c:,} channels", by[queued[-1], c] / by[queued[0], c])
+            )
+    for q in queued:
+        if (q, channels[0]) in by and (q, channels[-1]) in by and len(channels) > 1:
+            checks.append(
+                (
+                    f"{channels[-1]:,} vs {channels[0]:,} channels, {q:,} queued",
+                    by[q, channels[-1]] / by[q, channels[0]],
+                )
+            )
+    if len(by) > 1:
+        checks.append(("slowest vs fastest of all shapes", max(by.values()) / min(by.values())))
+    return [{"what": w, "ratio": r, "met": max(r, 1 / r) <= TARGET} for w, r in checks]
+
+
+def report(run: Run, args: Any, results: list[dict[str, Any]], loop: list[dict[str, Any]]) -> None:
+    checks = targets(results)
+    table = [
+        f"| queued | channels | fairqueue claim of {args.batch}: p50 | p95 | loop claim of {args.batch}: p50 | p95 |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    floor = {r["queued"]: r for r in loop}
+    for r in results:
+        f = floor.get(r["queued"])
+        loop_cells = f"{f['claim_ms_p50']:.3f} ms | {f['claim_ms_p95']:.3f} ms" if f else "- | -"
+        table.append(
+            f"| {r['queued']:,} | {r['channels']:,} | {r['claim_ms_p50']:.3f} ms | {r['claim_ms_p95']:.3f} ms | "
+            f"{loop_cells} |"
+        )
+    table += ["", f"| target: fairqueue's p50 within {TARGET}x | ratio | |", "|---|---:|---|"]
+    table += [f"| {c['what']} | {c['ratio']:.2f}x | {verdict(c['met'])} |" for c in checks]
+    run.finish(
+        {"fairqueue": results, "loop": loop, "targets": checks},
+        f"Claim latency versus backlog (claim of {args.batch}, {args.rounds:,} rounds)",
+        table,
+        [
+            "Steady state per shape: enqueue 10 jobs into random channels, time one claim (one round trip, "
+            "commit included, client-side clock), finish; after 50 warm-up rounds and one VACUUM. The loop "
+            "has no channels: its row is the same backlog."
+        ],
+    )
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--database-url", help="scratch database (it is emptied!); default: embedded server")
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=1000)
-    parser.add_argument("--explain", type=Path, help="write the claim's EXPLAIN ANALYZE (1M jobs, 10k channels) here")
-    parser.add_argument(
+    p = parser(__doc__)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--rounds", type=int, help="timed claims per shape (default 1,000; --quick 100)")
+    p.add_argument("--explain", type=Path, help="write the claim's EXPLAIN ANALYZE (1M jobs, 10k channels) here")
+    p.add_argument(
         "--scenario",
         action="append",
         metavar="JOBSxCHANNELS",
-        help="run only these, e.g. --scenario 1000000x10000 (default: all four)",
+        help="run only these, e.g. --scenario 1000000x10000 (default: all four; --quick: 1k/20k x 10/1k)",
     )
-    args = parser.parse_args()
-
-    results = []
-    with database(args.database_url) as url:
-        migrations.upgrade(url)
-        with psycopg.connect(url, autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-            settings: dict[str, str] = dict(
-                conn.execute(
-                    "SELECT name, setting FROM pg_settings WHERE name IN "
-                    "('fsync', 'synchronous_commit', 'shared_buffers', 'full_page_writes')"
-                ).fetchall()
-            )
-            chosen = [tuple(int(x) for x in sc.split("x")) for sc in args.scenario] if args.scenario else SCENARIOS
-            for jobs, channels in chosen:
+    args = p.parse_args()
+    args.rounds = args.rounds or (100 if args.quick else 1000)
+    if args.scenario:
+        chosen = [(int(j), int(c)) for j, c in (sc.split("x") for sc in args.scenario)]
+    else:
+        chosen = QUICK_SCENARIOS if args.quick else SCENARIOS
+    results, loop = [], []
+    with session("claim_latency", args) as run:
+        for jobs, channels in chosen:
+            url = run.database("fq_claim")
+            migrations.upgrade(url)
+            with psycopg.connect(url, autocommit=True) as conn:
                 r = run_scenario(conn, jobs, channels, args.batch, args.rounds)
-                results.append(r)
-                print(
-                    f"queued {jobs:>9,} channels {channels:>6,}: claim of {args.batch} "
-                    f"p50 {r['claim_ms_p50']:.3f} ms  p95 {r['claim_ms_p95']:.3f} ms  (fill {r['fill_seconds']} s)",
-                    flush=True,
-                )
                 if args.explain and (jobs, channels) == (1_000_000, 10_000):
                     args.explain.write_text(explain_claim(conn, args.batch) + "\n")
-    record: dict[str, Any] = {
-        "benchmark": "claim_latency",
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "python": platform.python_version(),
-            "cpu_count": __import__("os").cpu_count(),
-            "platform": platform.platform(),
-        },
-        "postgres": {"version": version[0] if version else None, **settings},
-        "results": results,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"claim_latency-{record['when'].replace(':', '')}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print()
-    print(f"| queued | channels | claim of {args.batch}: p50 ms | p95 ms |")
-    print("|---:|---:|---:|---:|")
-    for r in results:
-        print(f"| {r['queued']:,} | {r['channels']:,} | {r['claim_ms_p50']:.3f} | {r['claim_ms_p95']:.3f} |")
-    by_shape = {(r["queued"], r["channels"]): r for r in results}
-    if (1_000, 10_000) in by_shape and (1_000_000, 10_000) in by_shape:
-        ratio = by_shape[1_000_000, 10_000]["claim_ms_p50"] / by_shape[1_000, 10_000]["claim_ms_p50"]
-        print(f"\n1M vs 1k queued (10k channels): p50 ratio {ratio:.2f}x")
-    print(f"results: {out}")
+            results.append(r)
+            print(
+                f"queued {jobs:>9,} channels {channels:>6,}: claim of {args.batch} "
+                f"p50 {r['claim_ms_p50']:.3f} ms  p95 {r['claim_ms_p95']:.3f} ms  (fill {r['fill_seconds']} s)",
+                flush=True,
+            )
+        for jobs in sorted({j for j, _ in chosen}):
+            f = run_loop(run.database("fq_claim"), jobs, args.batch, args.rounds)
+            loop.append(f)
+            print(f"loop, queued {jobs:>9,}: claim of {args.batch} p50 {f['claim_ms_p50']:.3f} ms", flush=True)
+        report(run, args, results, loop)
 
 
 if __name__ == "__main__":

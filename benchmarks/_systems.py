@@ -301,13 +301,13 @@ class PgQueuer(System):
             "WHERE status = 'picked'",
         )
 
-    def _run(self, url: str, *args: str) -> str:
+    def script(self, url: str, *args: str) -> str:
         return subprocess.run(
             [self.python, self.SCRIPT, url, *args], check=True, capture_output=True, text=True, timeout=3600
         ).stdout
 
     def setup(self, url: str) -> None:
-        self._run(url, "install")
+        self.script(url, "install")
 
     def start(self, url: str) -> Workers:
         argv = [self.python, self.SCRIPT, url, "serve", str(self.batch)]
@@ -329,9 +329,9 @@ class PgQueuer(System):
         return [self.python, self.SCRIPT, url, "produce", str(rate), str(seconds), str(start_at)]
 
     def prefill(self, url: str, channel: str, n: int) -> None:
-        self._run(url, "add", channel, str(n))
+        self.script(url, "add", channel, str(n))
 
     def keep_backlogged(self, url: str, channels: list[str], *, alice: bool = False, **kwargs: Any) -> dict[str, Any]:
         args = {"channels": channels, "alice": alice, **kwargs}
-        result: dict[str, Any] = json.loads(self._run(url, "backlogged", json.dumps(args)).strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(self.script(url, "backlogged", json.dumps(args)).strip().splitlines()[-1])
         return result

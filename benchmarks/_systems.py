@@ -130,8 +130,10 @@ class System:
     def start(self, url: str) -> Workers:
         raise NotImplementedError
 
-    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float) -> list[str]:
-        raise NotImplementedError
+    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float, count: int) -> list[str]:
+        """One producer process (benchmarks/_producer.py knows fairqueue and the loop)."""
+        schedule = map(str, (rate, seconds, start_at, count))
+        return [sys.executable, "-m", "benchmarks._producer", url, self.key, *schedule]
 
     def add(self, conn: psycopg.Connection[Any], channel: str, n: int) -> None:
         """Enqueues ``n`` no-op jobs into ``channel`` in one transaction."""
@@ -157,10 +159,13 @@ class System:
                 **kwargs,
             )
 
-    def produce(self, url: str, rate: float, seconds: float, start_at: float, processes: int) -> list[dict[str, Any]]:
-        """``processes`` producers, each at ``rate / processes`` jobs/s from ``start_at`` for ``seconds``."""
-        argv = self.producer_argv(url, rate / processes, seconds, start_at)
-        return run_producers([argv] * processes)
+    def produce(
+        self, url: str, rate: float, seconds: float, start_at: float, processes: int, count: int = 0
+    ) -> list[dict[str, Any]]:
+        """``processes`` producers, each at ``rate / processes`` jobs/s from ``start_at`` for ``seconds``
+        (with ``count``: until they have sent ``count`` jobs in all)."""
+        share = [count // processes + (i < count % processes) for i in range(processes)] if count else [0] * processes
+        return run_producers([self.producer_argv(url, rate / processes, seconds, start_at, n) for n in share])
 
 
 class Fairqueue(System):
@@ -198,9 +203,6 @@ class Fairqueue(System):
                 raise
         time.sleep(0.5)  # their first (empty) claim done, listening
         return Workers([p.pid for p in procs], lambda: _terminate(procs))
-
-    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float) -> list[str]:
-        return [sys.executable, "-m", "benchmarks._producer", url, "fairqueue", str(rate), str(seconds), str(start_at)]
 
     def add(self, conn: psycopg.Connection[Any], channel: str, n: int) -> None:
         task = noop.using(channel=channel)
@@ -247,9 +249,6 @@ class Loop(System):
                     p.kill()
 
         return Workers([p.pid for p in procs if p.pid], halt)
-
-    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float) -> list[str]:
-        return [sys.executable, "-m", "benchmarks._producer", url, "loop", str(rate), str(seconds), str(start_at)]
 
     def add(self, conn: psycopg.Connection[Any], channel: str, n: int) -> None:
         conn.execute("INSERT INTO bench_queue (kind) SELECT %s FROM generate_series(1, %s)", (channel, n))
@@ -325,8 +324,8 @@ class PgQueuer(System):
 
         return Workers([p.pid for p in procs], halt)
 
-    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float) -> list[str]:
-        return [self.python, self.SCRIPT, url, "produce", str(rate), str(seconds), str(start_at)]
+    def producer_argv(self, url: str, rate: float, seconds: float, start_at: float, count: int) -> list[str]:
+        return [self.python, self.SCRIPT, url, "produce", *map(str, (rate, seconds, start_at, count))]
 
     def prefill(self, url: str, channel: str, n: int) -> None:
         self.script(url, "add", channel, str(n))

@@ -17,18 +17,21 @@ def wait_until(at: float) -> None:
         time.sleep(left)
 
 
-def paced(send: Callable[[int], object], rate: float, seconds: float, start_at: float) -> dict[str, float]:
+def paced(
+    send: Callable[[int], object], rate: float, seconds: float, start_at: float, count: int = 0
+) -> dict[str, float]:
     """Calls ``send(i)`` on an absolute schedule: call i is due at ``start_at + i / rate`` (wall clock).
 
     Deadlines never drift with the time a call takes (unlike ``sleep(1 / rate)`` after each call):
     a producer that falls behind sends back to back until it has caught up. It stops at
-    ``start_at + seconds``, so ``sent / seconds`` is the rate it actually reached.
+    ``start_at + seconds``, so ``sent / seconds`` is the rate it actually reached, or after ``count``
+    calls if ``count`` is set (then ``seconds`` is how long they took).
     Returns {"sent", "seconds", "max_late_ms"} (the furthest it fell behind its schedule).
     """
     wait_until(start_at)
     end = start_at + seconds
     sent, max_late = 0, 0.0
-    while True:
+    while not count or sent < count:
         due = start_at + sent / rate
         now = time.time()
         if due >= end or now >= end:
@@ -39,7 +42,8 @@ def paced(send: Callable[[int], object], rate: float, seconds: float, start_at: 
             max_late = max(max_late, now - due)
         send(sent)
         sent += 1
-    return {"sent": sent, "seconds": seconds, "max_late_ms": round(max_late * 1000, 1)}
+    taken = min(seconds, time.time() - start_at) if count else seconds
+    return {"sent": sent, "seconds": round(taken, 3), "max_late_ms": round(max_late * 1000, 1)}
 
 
 def keep_backlogged(

@@ -3,7 +3,7 @@
 
     python pgqueuer_steady.py URL install
     python pgqueuer_steady.py URL serve BATCH                   # prints "ready"; runs until stdin closes
-    python pgqueuer_steady.py URL produce RATE SECONDS START_AT  # one job per transaction, paced
+    python pgqueuer_steady.py URL produce RATE SECONDS START_AT [COUNT]  # one job per transaction, paced
     python pgqueuer_steady.py URL add CHANNEL JOBS              # JOBS jobs with payload CHANNEL
     python pgqueuer_steady.py URL backlogged JSON               # keeps channels backlogged (pace.py)
     python pgqueuer_steady.py URL enqueue-latency SAMPLES GAP   # enqueue inside a transaction, timed
@@ -75,10 +75,10 @@ class Producer:
         self.runner.close()
 
 
-def produce(url: str, rate: float, seconds: float, start_at: float) -> None:
+def produce(url: str, rate: float, seconds: float, start_at: float, count: int) -> None:
     p = Producer(url)
     try:
-        pace.report(pace.paced(lambda i: p.enqueue(b"noop"), rate, seconds, start_at))
+        pace.report(pace.paced(lambda i: p.enqueue(b"noop"), rate, seconds, start_at, count))
     finally:
         p.close()
 
@@ -129,7 +129,7 @@ def main() -> None:
     elif action == "serve":
         asyncio.run(serve(url, int(rest[0])))
     elif action == "produce":
-        produce(url, float(rest[0]), float(rest[1]), float(rest[2]))
+        produce(url, float(rest[0]), float(rest[1]), float(rest[2]), int(rest[3]) if len(rest) > 3 else 0)
     elif action == "add":
         p = Producer(url)
         p.enqueue(rest[0].encode(), int(rest[1]))

@@ -34,7 +34,7 @@ import psycopg
 from fairqueue.urls import resolve, with_database
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = Path(os.environ.get("FAIRQUEUE_BENCH_RESULTS") or ROOT / "benchmarks" / "results")  # tests redirect it
 DOC = ROOT / "docs" / "benchmarks.md"
 VENV = ROOT / ".bench-venv"
 REQUIREMENTS = ROOT / "benchmarks" / "requirements-peers.txt"
@@ -184,8 +184,21 @@ def command(module: str, argv: Sequence[str]) -> str:
     return " ".join(["python -m", module, *map(shlex.quote, kept)])
 
 
+def worker_options(p: argparse.ArgumentParser, *, concurrency: int, batch: int | None = None) -> None:
+    """--processes (worker processes per system), --concurrency (fairqueue's), --batch (every system's)."""
+    p.add_argument("--processes", type=int, default=2, help="worker processes per system (default 2)")
+    p.add_argument("--concurrency", type=int, default=concurrency, help=f"fairqueue's (default {concurrency})")
+    if batch:
+        p.add_argument("--batch", type=int, default=batch, help=f"claim batch of every system (default {batch})")
+
+
 def verdict(met: bool | None) -> str:
     return "n/a" if met is None else ("**met**" if met else "**not met**")
+
+
+def target_cell(key: str, met: bool | None) -> str:
+    """The target column: fairqueue's verdict; the other systems are references."""
+    return verdict(met) if key == "fairqueue" else "reference"
 
 
 def percentiles(values: Sequence[float], points: Sequence[int] = (50, 95, 99)) -> dict[str, float]:
@@ -230,10 +243,10 @@ class Run:
         section = doc_section(record, title, table, notes)
         print("\n" + section)
         if self.args.no_doc:
-            print(f"results: {out.relative_to(ROOT)} (not appended to {DOC.relative_to(ROOT)}: --no-doc)")
+            print(f"results: {out} (not appended to {DOC.relative_to(ROOT)}: --no-doc)")
         else:
             append_doc(section)
-            print(f"results: {out.relative_to(ROOT)}, appended to {DOC.relative_to(ROOT)}")
+            print(f"results: {out}, appended to {DOC.relative_to(ROOT)}")
         return out
 
 

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -112,17 +111,18 @@ def rss_kib(pid: int) -> int | None:
 # -- the systems --------------------------------------------------------------------------------------
 
 
-@dataclass
 class System:
     """Base: ``label`` names the configuration in tables (processes, concurrency, batch)."""
 
-    label: str
     key: str
-    times_sql: str
-    unfinished_sql: str
-    queued_by_channel_sql: str
+    times_sql: str  # (job_id, enqueued, started) of every started job
+    unfinished_sql: str  # jobs enqueued and not finished
+    queued_by_channel_sql: str  # (channel, jobs not started yet)
     span_sql: str = ""  # (jobs, seconds from the first start to the last finish)
-    started_by_channel_sql: str = ""  # (channel, started) of every started job
+    started_by_channel_sql: str  # (channel, started) of every started job
+
+    def __init__(self, label: str) -> None:
+        self.label = label
 
     def setup(self, url: str) -> None:
         raise NotImplementedError
@@ -169,17 +169,16 @@ class System:
 
 
 class Fairqueue(System):
+    key = "fairqueue"
+    times_sql = "SELECT job_id, enqueued_at AS enqueued, started_at AS started FROM fairqueue.completed_job"
+    unfinished_sql = "SELECT count(*) FROM fairqueue.job"
+    queued_by_channel_sql = "SELECT channel, count(*) FROM fairqueue.job GROUP BY channel"
+    span_sql = SPAN.format(table="fairqueue.completed_job")
+    started_by_channel_sql = "SELECT channel, started_at AS started FROM fairqueue.completed_job"
+
     def __init__(self, processes: int = 2, concurrency: int = 10, batch: int | None = None) -> None:
         self.processes, self.concurrency, self.batch = processes, concurrency, batch or min(concurrency, 100)
-        super().__init__(
-            label=f"fairqueue, {processes} procs x concurrency {concurrency} (batch {self.batch})",
-            key="fairqueue",
-            times_sql="SELECT job_id, enqueued_at AS enqueued, started_at AS started FROM fairqueue.completed_job",
-            unfinished_sql="SELECT count(*) FROM fairqueue.job",
-            queued_by_channel_sql="SELECT channel, count(*) FROM fairqueue.job GROUP BY channel",
-            span_sql=SPAN.format(table="fairqueue.completed_job"),
-            started_by_channel_sql="SELECT channel, started_at AS started FROM fairqueue.completed_job",
-        )
+        super().__init__(f"fairqueue, {processes} procs x concurrency {concurrency} (batch {self.batch})")
 
     def setup(self, url: str) -> None:
         migrations.upgrade(url)
@@ -217,17 +216,16 @@ class Loop(System):
     """The hand-written loop: UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT batch),
     then one DELETE ... RETURNING into bench_done per batch; polls every ``poll`` seconds when idle."""
 
+    key = "loop"
+    times_sql = "SELECT id AS job_id, enqueued_at AS enqueued, started_at AS started FROM bench_done"
+    unfinished_sql = "SELECT count(*) FROM bench_queue"
+    queued_by_channel_sql = "SELECT kind, count(*) FROM bench_queue WHERE status = 'ready' GROUP BY kind"
+    span_sql = SPAN.format(table="bench_done")
+    started_by_channel_sql = "SELECT kind AS channel, started_at AS started FROM bench_done"
+
     def __init__(self, processes: int = 2, batch: int = 10, poll: float = 0.001) -> None:
         self.processes, self.batch, self.poll = processes, batch, poll
-        super().__init__(
-            label=f"loop, {processes} procs x batch {batch}",
-            key="loop",
-            times_sql="SELECT id AS job_id, enqueued_at AS enqueued, started_at AS started FROM bench_done",
-            unfinished_sql="SELECT count(*) FROM bench_queue",
-            queued_by_channel_sql="SELECT kind, count(*) FROM bench_queue WHERE status = 'ready' GROUP BY kind",
-            span_sql=SPAN.format(table="bench_done"),
-            started_by_channel_sql="SELECT kind AS channel, started_at AS started FROM bench_done",
-        )
+        super().__init__(f"loop, {processes} procs x batch {batch}")
 
     def setup(self, url: str) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -257,15 +255,17 @@ class Loop(System):
         return int(scalar(conn, "INSERT INTO bench_queue (kind) VALUES (%s) RETURNING id", (channel,)))
 
 
+LOOP_CLAIM = (
+    "UPDATE bench_queue SET status = 'running', started_at = clock_timestamp() WHERE id IN ("
+    "SELECT id FROM bench_queue WHERE status = 'ready' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, kind, args"
+)
+
+
 def loop_worker(url: str, batch: int, poll: float, stop: Any) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.is_set():
-            rows = conn.execute(
-                "UPDATE bench_queue SET status = 'running', started_at = clock_timestamp() WHERE id IN ("
-                "SELECT id FROM bench_queue WHERE status = 'ready' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
-                "RETURNING id, kind, args",
-                (batch,),
-            ).fetchall()
+            rows = conn.execute(LOOP_CLAIM, (batch,)).fetchall()
             if not rows:
                 time.sleep(poll)
                 continue
@@ -281,24 +281,24 @@ class PgQueuer(System):
     """PgQueuer 1.6 in its continuous (LISTEN/NOTIFY) mode, ``processes`` x 1 queue manager x ``batch``."""
 
     SCRIPT = str(SCRIPTS / "pgqueuer_steady.py")
+    key = "pgqueuer"
+    times_sql = (
+        "SELECT q.job_id, q.created AS enqueued, p.created AS started FROM pgqueuer_log q "
+        "JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked' WHERE q.status = 'queued'"
+    )
+    unfinished_sql = "SELECT count(*) FROM pgqueuer"
+    # the payload is the channel's name (see pgqueuer_steady.py)
+    queued_by_channel_sql = (
+        "SELECT encode(payload, 'escape'), count(*) FROM pgqueuer WHERE status = 'queued' GROUP BY 1"
+    )
+    # pgqueuer_log does not keep the payload: started jobs, channel unknown
+    started_by_channel_sql = (
+        "SELECT NULL::text AS channel, created AS started FROM pgqueuer_log WHERE status = 'picked'"
+    )
 
     def __init__(self, python: str, processes: int = 2, batch: int = 50) -> None:
         self.python, self.processes, self.batch = python, processes, batch
-        super().__init__(
-            label=f"PgQueuer 1.6 (continuous), {processes} procs x batch {batch}",
-            key="pgqueuer",
-            times_sql=(
-                "SELECT q.job_id, q.created AS enqueued, p.created AS started FROM pgqueuer_log q "
-                "JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked' WHERE q.status = 'queued'"
-            ),
-            unfinished_sql="SELECT count(*) FROM pgqueuer",
-            queued_by_channel_sql=(
-                "SELECT encode(payload, 'escape'), count(*) FROM pgqueuer WHERE status = 'queued' GROUP BY 1"
-            ),
-            # pgqueuer_log does not keep the payload (our channel): started jobs, channel unknown
-            started_by_channel_sql="SELECT NULL::text AS channel, created AS started FROM pgqueuer_log "
-            "WHERE status = 'picked'",
-        )
+        super().__init__(f"PgQueuer 1.6 (continuous), {processes} procs x batch {batch}")
 
     def script(self, url: str, *args: str) -> str:
         return subprocess.run(
@@ -334,3 +334,11 @@ class PgQueuer(System):
         args = {"channels": channels, "alice": alice, **kwargs}
         result: dict[str, Any] = json.loads(self.script(url, "backlogged", json.dumps(args)).strip().splitlines()[-1])
         return result
+
+
+def side_by_side(python: str | None, processes: int, concurrency: int, batch: int) -> list[System]:
+    """fairqueue, PgQueuer (when its virtualenv is in use) and the loop, with the same processes and batch."""
+    systems: list[System] = [Fairqueue(processes, concurrency, batch), Loop(processes, batch)]
+    if python:
+        systems.insert(1, PgQueuer(python, processes, batch))
+    return systems

@@ -27,7 +27,7 @@ import psycopg
 
 import fairqueue
 from benchmarks._common import Run, parser, session, verdict
-from benchmarks._systems import Loop
+from benchmarks._systems import LOOP_CLAIM, Loop
 from fairqueue import migrations
 
 SCENARIOS = [(1_000, 10), (1_000, 10_000), (1_000_000, 10), (1_000_000, 10_000)]
@@ -106,12 +106,7 @@ def run_loop(url: str, jobs: int, batch: int, rounds: int) -> dict[str, Any]:
         for i in range(rounds + 50):
             conn.execute("INSERT INTO bench_queue (kind) SELECT 'noop' FROM generate_series(1, 10)")
             t = time.perf_counter()
-            rows = conn.execute(
-                "UPDATE bench_queue SET status = 'running', started_at = clock_timestamp() WHERE id IN ("
-                "SELECT id FROM bench_queue WHERE status = 'ready' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
-                "RETURNING id, kind, args",
-                (batch,),
-            ).fetchall()
+            rows = conn.execute(LOOP_CLAIM, (batch,)).fetchall()
             elapsed = time.perf_counter() - t
             conn.execute("DELETE FROM bench_queue WHERE id = ANY(%s)", ([r[0] for r in rows],))
             if i >= 50:

@@ -2,7 +2,7 @@
 request?
 
     python -m benchmarks.enqueue_latency [--samples 2000] [--rate 200] [--backlog 5000] [--processes 2]
-                                         [--no-peers] [--quick] [--no-doc]
+                                         [--concurrency 10] [--no-peers] [--quick] [--no-doc]
 
 One connection opens a transaction (a first statement, as the application's own work would), then
 times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMIT; --samples times,
@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 import fairqueue
-from benchmarks._common import Run, parser, percentiles, scalar, session, verdict
+from benchmarks._common import Run, parser, percentiles, scalar, session, target_cell, worker_options
 from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
 from benchmarks.peer_workers import pace
 
@@ -145,7 +145,7 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
         lines.append(
             f"| {r['system']} | {r['channels']:,} | {f'{args.processes} processes' if r['workers'] else 'none'} | "
             f"{_cell(r['call_ms'])} | {_cell(r['call_commit_ms'])} | "
-            f"{verdict(met) if r['key'] == 'fairqueue' else 'reference'} |"
+            f"{target_cell(r['key'], met)} |"
         )
     return lines
 
@@ -155,11 +155,11 @@ def main() -> None:
     p.add_argument("--samples", type=int, help="enqueues timed per case (default 2,000; --quick 200)")
     p.add_argument("--rate", type=float, default=200, help="enqueues a second (default 200)")
     p.add_argument("--backlog", type=int, help="jobs kept queued (default 5,000; --quick 1,000)")
-    p.add_argument("--processes", type=int, default=2, help="worker processes draining (default 2)")
+    worker_options(p, concurrency=10)
     args = p.parse_args()
     args.samples = args.samples or (200 if args.quick else 2_000)
     args.backlog = args.backlog or (1_000 if args.quick else 5_000)
-    fq, loop = Fairqueue(args.processes), Loop(args.processes)
+    fq, loop = Fairqueue(args.processes, args.concurrency), Loop(args.processes)
     cases: list[tuple[System, Enqueue, int, bool]] = [
         (loop, _loop_insert, 1, False),
         (fq, _fairqueue_enqueue, 1, False),

@@ -27,8 +27,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks._common import Run, now, parser, percentiles, session, verdict, wait_for
-from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
+from benchmarks._common import Run, now, parser, percentiles, session, target_cell, wait_for, worker_options
+from benchmarks._systems import System, side_by_side
 
 CLAIM_CYCLE_SQL = """
 WITH claims AS (
@@ -153,10 +153,6 @@ def equal_channels(run: Run, system: System, args: Any) -> dict[str, Any]:
     }
 
 
-def _target(result: dict[str, Any]) -> str:
-    return verdict(result.get("target_met")) if result["key"] == "fairqueue" else "reference"
-
-
 def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) -> list[str]:
     lines = [
         f"Bob keeps {args.backlog:,} jobs queued, Alice enqueues 1 job/s for {args.seconds:g} s:",
@@ -172,7 +168,7 @@ def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) 
         )
         lines.append(
             f"| {f['system']} | {f['started_per_s']:,.0f} jobs/s | {w['p50']:,.1f} / {w['p95']:,.1f} / "
-            f"{w['max']:,.1f} ms | {cycle} | {_target(f)} |"
+            f"{w['max']:,.1f} ms | {cycle} | {target_cell(f['key'], f.get('target_met'))} |"
         )
     lines += [
         "",
@@ -186,7 +182,7 @@ def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) 
         rates = e["per_channel_per_s"].values()
         lines.append(
             f"| {e['system']} | {e['total_per_s']:,} jobs/s | {min(rates):,.1f} / {max(rates):,.1f} | "
-            f"{e['jain']:.4f} | {_target(e)} |"
+            f"{e['jain']:.4f} | {target_cell(e['key'], e['target_met'])} |"
         )
     return lines
 
@@ -196,19 +192,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, help="length of each run (default 30; --quick 5)")
     p.add_argument("--backlog", type=int, help="jobs kept queued: Bob's, or shared by the channels (default 5,000)")
     p.add_argument("--channels", type=int, default=10, help="equally loaded channels (default 10)")
-    p.add_argument("--processes", type=int, default=2, help="worker processes per system (default 2)")
-    p.add_argument("--concurrency", type=int, default=10, help="fairqueue worker --concurrency (default 10)")
-    p.add_argument("--batch", type=int, default=10, help="claim batch of every system (default 10)")
+    worker_options(p, concurrency=10, batch=10)
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.backlog = args.backlog or (2_000 if args.quick else 5_000)
     with session("fairness", args, peers=True) as run:
-        systems: list[System] = [
-            Fairqueue(args.processes, args.concurrency, args.batch),
-            Loop(args.processes, args.batch),
-        ]
-        if run.python:
-            systems.insert(1, PgQueuer(run.python, args.processes, args.batch))
+        systems = side_by_side(run.python, args.processes, args.concurrency, args.batch)
         floods = []
         for system in systems:
             f = flood(run, system, args)

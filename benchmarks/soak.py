@@ -26,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from benchmarks._common import Run, parser, scalar, session, verdict
+from benchmarks._common import Run, parser, scalar, session, target_cell, worker_options
 from benchmarks._systems import Fairqueue, Loop, System, rss_kib
 
 HOT_TABLES = {
@@ -105,7 +105,9 @@ def targets(checkpoint: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
 
 def _hot(before: dict[str, Any] | None, after: dict[str, Any]) -> str:
     """HOT share of updates: cumulative, and since ``before`` when given."""
-    share = f"{after['hot_updates'] / after['updates']:.0%}" if after["updates"] else "-"
+    if not after["updates"]:
+        return "no updates"
+    share = f"{after['hot_updates'] / after['updates']:.0%}"
     if before is None:
         return share
     updates = after["updates"] - before["updates"]
@@ -136,7 +138,7 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
             met = (e["rss_kib"].get(pid) or 0) <= RSS_GROWTH * (kib or 0)
             lines.append(
                 f"| worker {i + 1} | {_mib(kib)} MiB | {_mib(e['rss_kib'].get(pid))} MiB | {_mib(peak)} MiB | "
-                f"{verdict(met) if r['key'] == 'fairqueue' else 'reference'} |"
+                f"{target_cell(r['key'], met)} |"
             )
         lines += [
             "",
@@ -149,7 +151,7 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
             met = et["bytes"] <= ct["bytes"]
             lines.append(
                 f"| {name} | {ct['bytes'] / 1024:,.0f} KiB | {et['bytes'] / 1024:,.0f} KiB | {ct['dead']:,} / "
-                f"{et['dead']:,} | {_hot(ct, et)} | {verdict(met) if r['key'] == 'fairqueue' else 'reference'} |"
+                f"{et['dead']:,} | {_hot(ct, et)} | {target_cell(r['key'], met)} |"
             )
         lines.append("")
     return lines[:-1]
@@ -161,8 +163,7 @@ def main() -> None:
     p.add_argument("--checkpoint", type=int, help="jobs done at the 1st measurement (default 100,000; --quick 2,000)")
     p.add_argument("--rate", type=float, default=3000, help="jobs/s of all producers together (default 3,000)")
     p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
-    p.add_argument("--processes", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--concurrency", type=int, default=10, help="fairqueue worker --concurrency (default 10)")
+    worker_options(p, concurrency=10)
     p.add_argument("--sample-every", type=float, help="seconds between samples (default 2; --quick 0.5)")
     p.add_argument("--no-loop", action="store_true", help="skip the hand-written loop's soak")
     args = p.parse_args()

@@ -34,8 +34,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks._common import Run, now, parser, scalar, session, verdict, wait_for
-from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
+from benchmarks._common import Run, now, parser, scalar, session, target_cell, wait_for, worker_options
+from benchmarks._systems import System, side_by_side
 from benchmarks.peer_workers import pace
 
 WINDOW_SQL = """
@@ -127,21 +127,17 @@ def _ms(x: float | None) -> str:
 def table(results: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| rate asked | system | producers reached | workers started | backlog start -> end | "
-        "enqueue->start p50 / p95 / p99 / max | target (fairqueue) | |",
+        "enqueue->start p50 / p95 / p99 / max | target (fairqueue's) | |",
         "|---:|---|---:|---:|---|---|---|---|",
     ]
     for r in results:
         bar = target_p95_ms(r["rate"])
-        target = (
-            f"sustained, p95 < {bar:g} ms"
-            if r["key"] == "fairqueue" and bar
-            else ("no target" if r["key"] == "fairqueue" else "reference")
-        )
+        target = f"sustained, p95 < {bar:g} ms" if bar else "no target"
         lines.append(
             f"| {r['rate']:,.0f}/s | {r['system']} | {r['enqueued_per_s']:,}/s | {r['started_per_s']:,}/s | "
             f"{r['backlog_start']:,} -> {r['backlog_end']:,}{' (grew)' if r['backlog_grew'] else ''} | "
             f"{_ms(r['p50_ms'])} / {_ms(r['p95_ms'])} / {_ms(r['p99_ms'])} / {_ms(r['max_ms'])} ms | {target} | "
-            f"{verdict(r['target_met']) if r['key'] == 'fairqueue' else ''}"
+            f"{target_cell(r['key'], r['target_met'])}"
             f"{' (' + r['target_note'] + ')' if r.get('target_note') else ''} |"
         )
     return lines
@@ -153,21 +149,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, help="measured window per run (default 15; --quick 2)")
     p.add_argument("--warmup", type=float, help="seconds of production before the window (default 2; --quick 0.5)")
     p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
-    p.add_argument("--processes", type=int, default=2, help="worker processes per system (default 2)")
-    p.add_argument("--concurrency", type=int, default=50, help="fairqueue worker --concurrency (default 50)")
-    p.add_argument("--batch", type=int, default=50, help="claim batch of every system (default 50)")
+    worker_options(p, concurrency=50, batch=50)
     args = p.parse_args()
     args.rates = args.rates or ("200,1000" if args.quick else "200,2000,5000")
     args.seconds = args.seconds or (2.0 if args.quick else 15.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 2.0)
     rates = [float(r) for r in args.rates.split(",")]
     with session("steady", args, peers=True) as run:
-        systems: list[System] = [
-            Fairqueue(args.processes, args.concurrency, args.batch),
-            Loop(args.processes, args.batch),
-        ]
-        if run.python:
-            systems.insert(1, PgQueuer(run.python, args.processes, args.batch))
+        systems = side_by_side(run.python, args.processes, args.concurrency, args.batch)
         results = []
         for i, rate in enumerate(rates):
             for system in systems[i % len(systems) :] + systems[: i % len(systems)]:

@@ -26,14 +26,7 @@ from typing import Any
 import asyncpg
 import pace
 from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
-
-
-async def install(url: str) -> None:
-    conn = await asyncpg.connect(url)
-    try:
-        await Queries(AsyncpgDriver(conn)).install()
-    finally:
-        await conn.close()
+from pgqueuer_drain import install
 
 
 async def serve(url: str, batch: int) -> None:

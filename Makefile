@@ -4,10 +4,17 @@
 #                    headless Chromium with apt for the admin's browser test if it is missing)
 #   make jdbc        PostgreSQL's JDBC jar (apt) for the Spark pipeline and its tests
 #   make test-pg15   the test suite again on the machine's PostgreSQL 15 binaries, if present
-#   make bench-claim claim latency versus backlog (writes benchmarks/results/*.json)
-#   make bench-e2e   worker processes end to end vs a hand-written loop (appends to docs/benchmarks.md)
-#   make bench-peers drain vs PgQueuer, Procrastinate and the loop, from .bench-venv (appends to docs/benchmarks.md)
-#   make bench-bulk  enqueue_many vs bulk_enqueue (COPY), 100,000 jobs
+#   make bench-all   every workload below in sequence. Each writes benchmarks/results/<workload>-<time>.json
+#                    and appends a section to docs/benchmarks.md; PgQueuer and Procrastinate run from the
+#                    benchmark-only .bench-venv (built on first use). BENCH_ARGS=--quick for a smoke run
+#                    (then add --no-doc), e.g. make bench-steady BENCH_ARGS="--quick --no-doc"
+#   make bench-drain   drain of 20,000 jobs: fairqueue vs PgQueuer, Procrastinate and the loop (= bench-peers)
+#   make bench-steady  steady producers at 200 / 2,000 / 5,000 jobs/s: sustained rate, enqueue->start
+#   make bench-fairness Bob floods, Alice trickles; 10 equally loaded channels (Jain's index)
+#   make bench-claim   claim latency from 1,000 to 1,000,000 queued jobs, 10 to 10,000 channels
+#   make bench-enqueue enqueue latency inside a transaction (1 busy channel / 10,000 channels)
+#   make bench-bulk    enqueue_many vs bulk_enqueue (COPY), 100,000 jobs
+#   make bench-soak    1,000,000 jobs: worker memory and hot table sizes stay flat
 
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -19,7 +26,8 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint browser jdbc bench-claim bench-e2e bench-peers bench-bulk clean
+.PHONY: demo test test-pg15 lint browser jdbc clean bench-all bench-drain bench-peers bench-steady bench-fairness \
+	bench-claim bench-enqueue bench-bulk bench-soak
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -68,17 +76,24 @@ test-pg15: $(VENV)/.installed-dev
 	  FAIRQUEUE_TEST_PG_BINDIR=$(PG15) $(PYTEST) -m "not slow and not spark"; \
 	else echo "no PostgreSQL 15 binaries in $(PG15): skipped"; fi
 
-bench-claim: $(VENV)/.installed-dev
-	$(PY) -m benchmarks.claim_latency
+BENCH_ARGS ?=
+# make bench-<name> runs python -m benchmarks.<bench_module_<name>>
+bench_module_drain    := peers
+bench_module_peers    := peers
+bench_module_steady   := steady
+bench_module_fairness := fairness
+bench_module_claim    := claim_latency
+bench_module_enqueue  := enqueue_latency
+bench_module_bulk     := bulk_enqueue
+bench_module_soak     := soak
 
-bench-e2e: $(VENV)/.installed-dev
-	$(PY) -m benchmarks.end_to_end
+$(addprefix bench-,drain peers steady fairness claim enqueue bulk soak): $(VENV)/.installed-dev
+	$(PY) -m benchmarks.$(bench_module_$(@:bench-%=%)) $(BENCH_ARGS)
 
-bench-peers: $(VENV)/.installed-dev
-	$(PY) -m benchmarks.peers
-
-bench-bulk: $(VENV)/.installed-dev
-	$(PY) -m benchmarks.bulk_enqueue
+# in sequence, never in parallel (each one wants the whole machine)
+bench-all: $(VENV)/.installed-dev
+	$(MAKE) --no-print-directory -j1 bench-drain bench-steady bench-fairness bench-claim bench-enqueue bench-bulk \
+	  bench-soak BENCH_ARGS="$(BENCH_ARGS)"
 
 clean:
 	rm -rf $(VENV) .bench-venv .pytest_cache .mypy_cache .ruff_cache dist build

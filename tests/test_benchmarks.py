@@ -1,0 +1,65 @@
+"""Smoke tests of the benchmark harness (benchmarks/): the fairqueue-only parts at the smallest sizes,
+so that the code the performance runs depend on does not rot. They check that each command runs and
+records its targets, not any figure. No peers (.bench-venv) needed; nothing is appended to
+docs/benchmarks.md, and the JSON goes to a temporary folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow  # each test uses its own database names (fq_claim, fq_steady, fq_soak)
+
+
+def _bench(module: str, server_url: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+    env = dict(os.environ, FAIRQUEUE_BENCH_RESULTS=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--database-url", server_url, "--no-doc", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "- Reproduce: `python -m benchmarks." in out.stdout
+    [record] = tmp_path.glob(f"{module}-*.json")
+    data: dict[str, Any] = json.loads(record.read_text())
+    assert data["workload"] == module and data["postgresql"] and data["versions"]
+    return data
+
+
+def test_claim_latency_reports_the_ratios_against_the_target(server_url: str, tmp_path: Path) -> None:
+    shapes = ["--scenario", "500x5", "--scenario", "2000x50"]
+    data = _bench("claim_latency", server_url, tmp_path, "--rounds", "20", *shapes)
+    results = data["results"]
+    assert [r["queued"] for r in results["fairqueue"]] == [500, 2000]
+    assert {t["what"] for t in results["targets"]} >= {"slowest vs fastest of all shapes"}
+
+
+def test_steady_runs_fairqueue_and_the_loop(server_url: str, tmp_path: Path) -> None:
+    data = _bench(
+        "steady", server_url, tmp_path, "--no-peers", "--rates", "50", "--seconds", "1", "--warmup", "0.2",
+        "--producers", "2", "--processes", "1", "--concurrency", "5", "--batch", "5",
+    )  # fmt: skip
+    results = data["results"]
+    assert [r["key"] for r in results] == ["fairqueue", "loop"]
+    assert all(r["enqueued"] > 0 and r["p95_ms"] is not None for r in results)
+
+
+def test_soak_measures_memory_and_tables(server_url: str, tmp_path: Path) -> None:
+    data = _bench(
+        "soak", server_url, tmp_path, "--jobs", "300", "--checkpoint", "50", "--rate", "300", "--producers", "2",
+        "--processes", "1", "--sample-every", "0.3", "--no-loop",
+    )  # fmt: skip
+    [result] = data["results"]
+    assert result["enqueued"] == 300 and result["end"]["finished"] == 300
+    assert set(result["end"]["tables"]) >= {"job", "running_job", "channel"}

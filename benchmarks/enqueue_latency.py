@@ -108,7 +108,9 @@ def run_case(run: Run, system: System, enqueue: Enqueue, channels: int, workers:
         if running:
             refill.join()
             running.stop()
-    return result | {"system": system.label, "key": system.key, "channels": channels, "workers": workers}
+    name = {"fairqueue": "fairqueue.enqueue", "loop": "loop: plain INSERT"}[system.key]
+    drained_by = system.label if workers else None
+    return result | {"system": name, "key": system.key, "channels": channels, "workers": drained_by}
 
 
 def run_pgqueuer(run: Run, python: str, args: Any) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def run_pgqueuer(run: Run, python: str, args: Any) -> dict[str, Any]:
         "system": "PgQueuer 1.6 (Queries.enqueue, asyncpg)",
         "key": "pgqueuer",
         "channels": 1,
-        "workers": False,
+        "workers": None,
     }
 
 
@@ -143,7 +145,7 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
         met = r["call_ms"]["p95"] < TARGET_MS if r["key"] == "fairqueue" else None
         r["target_met"] = met
         lines.append(
-            f"| {r['system']} | {r['channels']:,} | {f'{args.processes} processes' if r['workers'] else 'none'} | "
+            f"| {r['system']} | {r['channels']:,} | {r['workers'] or 'none'} | "
             f"{_cell(r['call_ms'])} | {_cell(r['call_commit_ms'])} | "
             f"{target_cell(r['key'], met)} |"
         )
@@ -173,7 +175,7 @@ def main() -> None:
         for system, enqueue, channels, workers in cases:
             r = run_case(run, system, enqueue, channels, workers, args)
             results.append(r)
-            print(f"{system.label}, {channels:,} channels, workers {workers}: call {_cell(r['call_ms'])}", flush=True)
+            print(f"{r['system']}, {channels:,} channels, workers: {r['workers']}: {_cell(r['call_ms'])}", flush=True)
         if run.python:
             results.append(run_pgqueuer(run, run.python, args))
         run.finish(

@@ -16,6 +16,7 @@ Each system knows how to set up a fresh database, start and stop its workers, ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -320,6 +321,9 @@ class PgQueuer(System):
             for p in procs:
                 assert p.stdin is not None
                 p.stdin.close()  # end of input: the queue manager shuts down
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(15)
             _terminate(procs)
 
         return Workers([p.pid for p in procs], halt)

@@ -13,6 +13,7 @@ import math
 import socket
 import threading
 from bisect import bisect_left
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -169,21 +170,31 @@ class Metrics:
 
     def job_claimed(self, channel: str, kind: str, wait_seconds: float) -> None:
         """A job was claimed; ``wait_seconds`` is the time from it being ready to it starting."""
-        wait = _seconds(wait_seconds)
+        self.jobs_claimed(((channel, kind, wait_seconds),))
+
+    def jobs_claimed(self, jobs: Iterable[tuple[str, str, float]]) -> None:
+        """:meth:`job_claimed` for a batch of (channel, kind, wait_seconds), under one lock."""
         with self._lock:
-            ch = self._channel(channel)
-            self._inc(self._claimed, (ch, kind))
-            self._observe(self._wait, (ch,), wait)
+            for channel, kind, wait_seconds in jobs:
+                ch = self._channel(channel)
+                self._inc(self._claimed, (ch, kind))
+                self._observe(self._wait, (ch,), _seconds(wait_seconds))
 
     def job_finished(self, channel: str, kind: str, outcome: str, run_seconds: float) -> None:
         """A job ended with ``outcome`` (succeeded, failed, timed_out, lost or cancelled) after ``run_seconds``."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(sorted(OUTCOMES))}")
-        run = _seconds(run_seconds)
+        self.jobs_finished(((channel, kind, outcome, run_seconds),))
+
+    def jobs_finished(self, jobs: Iterable[tuple[str, str, str, float]]) -> None:
+        """:meth:`job_finished` for a batch of (channel, kind, outcome, run_seconds), under one lock."""
+        jobs = list(jobs)
+        for _, _, outcome, _ in jobs:
+            if outcome not in OUTCOMES:
+                raise ValueError(f"unknown outcome {outcome!r}; expected one of {', '.join(sorted(OUTCOMES))}")
         with self._lock:
-            ch = self._channel(channel)
-            self._inc(self._finished, (ch, kind, outcome))
-            self._observe(self._run, (ch, kind), run)
+            for channel, kind, outcome, run_seconds in jobs:
+                ch = self._channel(channel)
+                self._inc(self._finished, (ch, kind, outcome))
+                self._observe(self._run, (ch, kind), _seconds(run_seconds))
 
     def set_slots(self, total: int, busy: int) -> None:
         """The worker has ``total`` job slots, ``busy`` of them running a job."""

@@ -518,6 +518,7 @@ class Worker:
         queued = len(self._work)
         for job in jobs:
             self._start(job, worker_id)
+        self.metrics.jobs_claimed((j.channel, j.kind, (j.started_at - j.ready_at).total_seconds()) for j in jobs)
         if len(self._work) > queued or self._work:
             self._wake_slot.put(True)  # one slot thread; it wakes others while jobs remain
         self.claimed_total += len(jobs)
@@ -552,8 +553,6 @@ class Worker:
         if timeout is not None:
             r.deadline = time.monotonic() + timeout
         self._inflight[job.id] = r
-        wait = (job.started_at - job.ready_at).total_seconds()
-        self.metrics.job_claimed(job.channel, job.kind, max(0.0, wait))
         if task is not None and task.is_async:
             assert self._loop is not None
             r.future = asyncio.run_coroutine_threadsafe(self._run_async(r), self._loop)
@@ -635,8 +634,9 @@ class Worker:
             if r.state != "running":
                 return False
             r.state = "settling"
-            if r.thread_id is not None and r.thread_id == threading.get_ident():
-                _set_async_exc(r.thread_id, None)  # drop an injection that has not landed yet
+            # No stop can be pending for this thread: one is only injected into an abandoned job's
+            # thread (under this lock, after the state left "running"), and such a thread never
+            # takes another job.
             return True
 
     def _run_sync(self, r: _Running) -> None:
@@ -1025,12 +1025,17 @@ class Worker:
 
     def _recorded(self, items: list[_Done], recorded: list[Finished]) -> None:
         got = {f.job_id: f for f in recorded}
+        now = time.monotonic()
+        counted = []
         for d in items:
             assert d.outcome is not None
-            if d.running.job.id in got:
-                self._count_finished(d.running, d.outcome.outcome)
+            r = d.running
+            if r.job.id in got:
+                counted.append((r.job.channel, r.job.kind, d.outcome.outcome, now - (r.started or r.claimed)))
                 if d.outcome.outcome != "succeeded":
-                    self._log_failure(d.running, d.outcome, got[d.running.job.id])
+                    self._log_failure(r, d.outcome, got[r.job.id])
+        self.metrics.jobs_finished(counted)
+        self.finished_total += len(counted)
         done = {id(d) for d in items}
         with self._pending_ready:
             self._pending = [d for d in self._pending if id(d) not in done]

@@ -91,6 +91,7 @@ class Job(Base):
     __tablename__ = "job"
     __table_args__ = (
         Index("job_unique_key_idx", "unique_key", unique=True, postgresql_where=text("unique_key IS NOT NULL")),
+        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01, "autovacuum_vacuum_threshold": 1000}},
     )
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)

@@ -69,6 +69,8 @@ MAX_ERROR_CHARS = 32_000
 MAX_RETRY_IN = 365 * 86400.0  # the longest retry delay a replacement outcome keeps
 MAX_LISTED_TASKS = 1000  # task names a worker records in fairqueue.worker.info
 LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
+RETRY_SOON = 0.002  # after a short claim while a channel is eligible, claim again this soon ...
+RETRY_SOON_MAX = 0.05  # ... backing off to this while those claims come back empty
 STOP_TRIES_FOR = 30.0  # seconds to keep stopping an abandoned handler before leaving its thread be
 EXIT_OK = 0
 EXIT_ABORTED = 1
@@ -326,6 +328,7 @@ class Worker:
         self.is_maintainer = False
         self._needs_reconcile = False
         self._freed_at: float | None = None  # when a slot first freed up since the last claim
+        self._claim_again_in = RETRY_SOON
         self._full_batch = min(config.claim_limit, config.concurrency)
         self._batch_threshold = max(1, self._full_batch // 2)
 
@@ -479,8 +482,18 @@ class Worker:
                     got = self._claim(asked)
                     last_full = got == asked
                     if not last_full:
-                        next_poll = time.monotonic() + cfg.poll_interval
-                        next_poll = min(next_poll, self._next_due(next_poll))
+                        after = time.monotonic()
+                        due = self._next_due(after + cfg.poll_interval)
+                        if due <= after + RETRY_SOON:
+                            # A channel is eligible but gave nothing more (its jobs are being claimed,
+                            # or a producer is adding one and kept it from going idle; producers only
+                            # notify for idle channels): claim again in a moment, backing off while
+                            # such claims come back empty.
+                            self._claim_again_in = RETRY_SOON if got else min(self._claim_again_in * 2, RETRY_SOON_MAX)
+                            next_poll = after + self._claim_again_in
+                        else:
+                            self._claim_again_in = RETRY_SOON
+                            next_poll = min(after + cfg.poll_interval, due)
                     continue
                 timeout = min(timeout, next_poll - now)
             elif lingering and claimable > 0 and self._freed_at is not None:
@@ -526,7 +539,8 @@ class Worker:
         return len(jobs)
 
     def _next_due(self, default: float) -> float:
-        """When the next delayed job or throttled channel becomes due (as a monotonic time)."""
+        """When something may be claimable (as a monotonic time): now while a channel is eligible,
+        else when the next delayed job or throttled channel becomes due (``default`` if never)."""
         try:
             row = self._db.conn.execute(sql.NEXT_DUE).fetchone() if self._db.conn else None
         except psycopg.Error:

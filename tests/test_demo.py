@@ -106,15 +106,7 @@ def test_alices_job_runs_early_and_no_worker_is_left_behind(empty_database_url: 
 
 def test_the_demo_refuses_a_database_that_already_has_jobs(db_url: str, conn: psycopg.Connection[Any]) -> None:
     job_id = fairqueue.enqueue(conn, "someone.elses", {"n": 1})
-    result = subprocess.run(
-        [sys.executable, "-m", "fairqueue", "demo", "--database-url", db_url, "--bob-jobs", "10", "--workers", "1"],
-        cwd=REPO,
-        env=_env(),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _run_demo(db_url)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()

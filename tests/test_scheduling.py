@@ -328,3 +328,37 @@ def test_promote_due_jobs_wakes_idle_workers_when_it_takes_work_in(
     assert _notifications(listener) == 1, "a due job made ready by maintenance must wake a worker"
     conn.execute("SELECT fairqueue.promote_due_jobs()")  # nothing left to take in: stays quiet
     assert _notifications(listener) == 0
+
+
+def test_producers_notify_for_an_idle_channel_but_not_for_an_active_one(
+    conn: psycopg.Connection[Any], connect: Connections, worker: int
+) -> None:
+    """A NOTIFY takes a database-wide lock at commit, serialising producers: one is sent only when
+    a worker may be waiting for it (the channel was idle, so a wakeup row was left)."""
+    listener = connect()
+    listener.execute("LISTEN fairqueue")
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 2)  # bob idle: a wakeup row, a notification
+    assert _notifications(listener) == 1
+    assert len(fairqueue.claim_batch(conn, worker, 1)) == 1  # bob active, one job still ready
+    fairqueue.enqueue(conn, "k", channel="bob")  # bob is active: no wakeup row, no notification
+    assert _notifications(listener) == 0
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (0,)
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 2  # bob drained and idle again
+    fairqueue.enqueue(conn, "k", channel="bob")
+    assert _notifications(listener) == 1
+
+
+def test_next_due_is_now_while_a_channel_is_eligible(conn: psycopg.Connection[Any], worker: int) -> None:
+    def next_due() -> float | None:
+        row = conn.execute("SELECT fairqueue.next_due()").fetchone()
+        assert row is not None
+        return None if row[0] is None else float(row[0])
+
+    assert next_due() is None  # nothing at all
+    fairqueue.enqueue(conn, "k", channel="bob", delay=60)
+    assert 50 < (next_due() or 0) <= 60  # the delayed job
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 2)
+    fairqueue.claim_batch(conn, worker, 1)  # bob active with a ready job
+    assert next_due() == 0
+    fairqueue.claim_batch(conn, worker, 5)  # bob drained and idle: back to the delayed job
+    assert 50 < (next_due() or 0) <= 60

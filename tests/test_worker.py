@@ -21,6 +21,7 @@ from fairqueue.errors import ConfigurationError
 from fairqueue.metrics import Metrics
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
 from tests import worker_tasks as t
+from tests.conftest import Connections
 from tests.helpers import assert_consistent, count, wait_for
 
 Starter = Callable[..., Worker]
@@ -662,3 +663,25 @@ def test_an_outcome_is_recorded_promptly_while_other_slots_stay_busy(
     t.GATES["go"].set()
     for job_id in holds:
         assert finished(conn, job_id).status == "succeeded"
+
+
+def test_a_job_enqueued_while_a_producer_kept_its_channel_active_is_claimed_without_a_notification(
+    conn: psycopg.Connection[Any], connect: Connections, start_worker: Starter
+) -> None:
+    """The case producers' notifications used to cover: a claim finds a channel empty but cannot idle
+    it, because a producer is adding a job to it (and, seeing it active, will not notify). The
+    worker claims again in milliseconds while a channel is eligible, not at the next poll."""
+    first, second = t.add.enqueue(conn, 1), t.add.enqueue(conn, 2)  # channel "default"
+    me = fairqueue.register_worker(conn)
+    [held] = fairqueue.claim_batch(conn, me, 1)  # "default" active, one job left
+    producer = connect(autocommit=False)
+    late = t.add.enqueue(producer, 3)  # the channel is active: no wakeup, no notification
+    start_worker(poll_interval=60)  # only claiming again soon can get the late job started in time
+    assert finished(conn, second if held.id == first else first).result in (1, 2)
+    # that claim found the channel empty and could not idle it (the producer's lock): still active
+    assert conn.execute("SELECT active FROM fairqueue.channel WHERE name = 'default'").fetchone() == (True,)
+    producer.commit()
+    started = time.monotonic()
+    assert finished(conn, late, timeout=10).result == 3
+    assert time.monotonic() - started < 5  # not the 60 s poll
+    fairqueue.complete(conn, me, held.id)

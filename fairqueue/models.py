@@ -232,6 +232,7 @@ class PeriodicSchedule(Base):
     last_job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
     updated_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    resumed_at: Mapped[datetime | None] = mapped_column(TZ)  # ticks at or before it were missed while paused
 
 
 class BulkRun(Base):

@@ -14,7 +14,8 @@ Every tick fires once while workers run, including those a maintenance tick find
 (a schedule every second, a maintenance role that moved to another worker). Missed ticks, older
 than ``MISSED_GRACE`` when noticed (no worker ran, or the schedule was paused), never come as a
 burst: with ``missed="skip"`` (the default) they are skipped; with ``missed="catch_up"`` the latest
-of them runs once.
+of them runs once. Ticks that fell due while the schedule was paused are missed ticks too, however
+recent: pausing stops the schedule's jobs, resuming does not bring back the ones it stopped.
 """
 
 from __future__ import annotations
@@ -156,12 +157,12 @@ class PeriodicRunner:
                 ex.rows(sql.REGISTER_PERIODIC, entry.definition)
                 self._registered[entry.name] = entry.definition
         handled: dict[str, int | None] = {}
-        for name, paused, last_tick, db_now in ex.rows(sql.PERIODIC_STATE, (sorted(entries),)):
+        for name, paused, last_tick, resumed_at, db_now in ex.rows(sql.PERIODIC_STATE, (sorted(entries),)):
             entry = entries[name]
             current = now or db_now
             if paused:
                 continue
-            for tick, fire in self._due(entry, last_tick, current):
+            for tick, fire in self._due(entry, last_tick, current, resumed_at):
                 [(job_id,)] = ex.rows(sql.FIRE_PERIODIC, (name, tick, fire, entry.task.max_attempts))
                 handled[name] = job_id
                 if job_id == 0:
@@ -169,13 +170,17 @@ class PeriodicRunner:
         return handled
 
     @staticmethod
-    def _due(entry: Periodic, last_tick: datetime | None, now: datetime) -> list[tuple[datetime, bool]]:
+    def _due(
+        entry: Periodic, last_tick: datetime | None, now: datetime, resumed_at: datetime | None = None
+    ) -> list[tuple[datetime, bool]]:
         """The ticks to handle now, oldest first, each with whether to fire it (else skip it).
 
         Ticks of the last MISSED_GRACE fire, each once (at most MAX_TICKS_AT_ONCE of them); an older
-        missed tick is skipped, or with ``missed="catch_up"`` the latest of them runs once."""
+        missed tick, or one that fell due while the schedule was paused (at or before ``resumed_at``),
+        is skipped, or with ``missed="catch_up"`` the latest of them runs once."""
         since = last_tick or now
-        recent = entry.schedule.ticks_between(max(since, now - MISSED_GRACE), now, MAX_TICKS_AT_ONCE)
+        start = max(since, now - MISSED_GRACE, resumed_at or since)
+        recent = entry.schedule.ticks_between(start, now, MAX_TICKS_AT_ONCE)
         if recent:
             return [(tick, True) for tick in recent]
         latest = entry.schedule.previous_at_or_before(now)

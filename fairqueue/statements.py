@@ -201,7 +201,8 @@ REGISTER_PERIODIC = "SELECT fairqueue.register_periodic(%s, %s, %s, %s, %s, %s::
 FIRE_PERIODIC = "SELECT fairqueue.fire_periodic(%s, %s::timestamptz, %s, %s)"
 PAUSE_PERIODIC = "SELECT fairqueue.pause_periodic(%s, %s)"
 PERIODIC_STATE = """
-SELECT name, paused, last_tick, clock_timestamp() FROM fairqueue.periodic_schedule WHERE name = ANY (%s::text[])
+SELECT name, paused, last_tick, resumed_at, clock_timestamp()
+FROM fairqueue.periodic_schedule WHERE name = ANY (%s::text[])
 """
 PERIODIC_LIST = """
 SELECT s.name, s.cron, s.timezone, s.kind, s.channel, s.missed, s.paused, s.last_tick, s.last_job_id,

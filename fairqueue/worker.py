@@ -362,8 +362,9 @@ class Worker:
 
     def run(self) -> int:
         conn = self._db.get()  # fail fast (with the caller's error handling) if the database is unreachable
-        installed = conn.execute(
-            "SELECT to_regprocedure('fairqueue.pause_periodic(text, boolean)') IS NOT NULL"
+        installed = conn.execute(  # the newest schema change the worker relies on (version 7)
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute "
+            "WHERE attrelid = to_regclass('fairqueue.periodic_schedule') AND attname = 'resumed_at')"
         ).fetchone()
         if not installed or not installed[0]:
             raise ConfigurationError(

@@ -15,7 +15,7 @@ from django.db import migrations
 
 from fairqueue.migrations import VERSION_TABLE, sql_file
 
-REVISIONS = ("fq0001", "fq0002", "fq0003", "fq0004", "fq0005", "fq0006")
+REVISIONS = ("fq0001", "fq0002", "fq0003", "fq0004", "fq0005", "fq0006", "fq0007")
 
 
 def _version(revision: str | None) -> int:

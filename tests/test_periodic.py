@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +130,30 @@ def test_a_paused_schedule_fires_nothing_until_resumed(conn: psycopg.Connection[
     assert pause(conn, "every-minute")
     tick = minute.schedule.next_after(now)
     assert run.tick(conn, now=tick + timedelta(seconds=1)) == {}
-    assert pause(conn, "every-minute", paused=False)
-    assert run.tick(conn, now=tick + timedelta(seconds=1))["every-minute"]
+    assert count(conn, "job") == 0
     assert not pause(conn, "no-such-schedule")
+
+
+@pytest.mark.parametrize(("missed", "expected_jobs"), [("skip", 0), ("catch_up", 1)])
+def test_ticks_that_fell_due_while_paused_are_missed_after_the_resume(
+    conn: psycopg.Connection[Any], missed: str, expected_jobs: int
+) -> None:
+    """However recent: ten ticks of a schedule every second passed while it was paused."""
+    second = entry("* * * * * *", name="every-second", missed=missed)
+    run = runner(second)
+    run.tick(conn, now=db_now(conn))  # registers it; nothing is due before its registration
+    assert pause(conn, "every-second")
+    conn.execute("UPDATE fairqueue.periodic_schedule SET last_tick = last_tick - interval '10 seconds'")
+    assert pause(conn, "every-second", paused=False)
+    [(resumed_at,)] = conn.execute("SELECT resumed_at FROM fairqueue.periodic_schedule").fetchall()
+    fired = run.tick(conn, now=resumed_at)  # the maintainer's first look after the resume
+    assert bool(fired["every-second"]) == bool(expected_jobs)  # the latest missed tick: skipped or run
+    assert count(conn, "job") == expected_jobs  # not ten
+    assert pause(conn, "every-second", paused=False)  # resuming a running schedule moves nothing
+    assert conn.execute("SELECT resumed_at FROM fairqueue.periodic_schedule").fetchone() == (resumed_at,)
+    later = run.tick(conn, now=resumed_at + timedelta(seconds=2))  # ticks after the resume fire
+    assert later["every-second"]
+    assert count(conn, "job") == expected_jobs + 2
 
 
 def test_concurrent_firing_of_one_tick_enqueues_it_once(connect: Any, conn: psycopg.Connection[Any]) -> None:
@@ -167,44 +189,140 @@ def _fired_ticks(conn: psycopg.Connection[Any]) -> list[str]:
 
 
 def _tick_of(key: str) -> datetime:
-    return datetime.strptime(key.removeprefix("periodic:every-second:"), "%Y-%m-%dT%H:%M:%SZ")
+    return datetime.strptime(key.removeprefix("periodic:every-second:"), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _enqueued_at(conn: psycopg.Connection[Any]) -> dict[datetime, datetime]:
+    """Each fired tick of every-second, with when its job was enqueued (the database's clock)."""
+    rows = conn.execute(
+        "SELECT unique_key, created_at FROM fairqueue.job WHERE unique_key LIKE 'periodic:%%' UNION ALL "
+        "SELECT unique_key, enqueued_at FROM fairqueue.completed_job WHERE final AND unique_key LIKE 'periodic:%%'"
+    ).fetchall()
+    return {_tick_of(key): enqueued for key, enqueued in rows}
+
+
+def _assert_once_each_without_gaps(keys: list[str]) -> list[datetime]:
+    assert len(keys) == len(set(keys)), "a tick fired twice"
+    ticks = [_tick_of(key) for key in keys]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
+    assert all(gap == 1 for gap in gaps), f"ticks were missed: {gaps}"
+    return ticks
+
+
+class _Fleet:
+    """Worker processes importing tests.periodic_tasks (a schedule every second), each started with an
+    optional command prefix (faketime), logging to tmp_path; stop() ends those still running."""
+
+    def __init__(self, db_url: str, tmp_path: Path) -> None:
+        self.env = dict(os.environ, FAIRQUEUE_DATABASE_URL=db_url)
+        self.tmp_path = tmp_path
+        self.workers: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, prefix: list[str] | None = None) -> subprocess.Popen[bytes]:
+        log = self.tmp_path / f"worker-{len(self.workers)}.log"
+        command = [sys.executable, "-m", "fairqueue", "worker", "--import", "tests.periodic_tasks", "--lease", "2"]
+        proc = subprocess.Popen(
+            [*(prefix or []), *command], cwd=REPO, env=self.env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+        )
+        self.workers.append((proc, log))
+        return proc
+
+    def maintainer(self) -> subprocess.Popen[bytes] | None:
+        for proc, log in self.workers:
+            if proc.poll() is None and "took the maintenance role" in log.read_text():
+                return proc
+        return None
+
+    def stop(self) -> None:
+        for proc, _ in self.workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.workers:
+            proc.wait(30)
 
 
 def test_several_workers_and_a_dying_maintainer_fire_every_tick_exactly_once(
     conn: psycopg.Connection[Any], db_url: str, tmp_path: Path
 ) -> None:
-    env = dict(os.environ, FAIRQUEUE_DATABASE_URL=db_url)
-    command = [sys.executable, "-m", "fairqueue", "worker", "--import", "tests.periodic_tasks", "--lease", "2"]
-    logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
-    procs = [  # all three start at once
-        subprocess.Popen(command, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT) for log in logs
-    ]
-
-    def maintainer() -> subprocess.Popen[bytes] | None:
-        for proc, log in zip(procs, logs, strict=True):
-            if proc.poll() is None and "took the maintenance role" in log.read_text():
-                return proc
-        return None
-
+    fleet = _Fleet(db_url, tmp_path)
+    for _ in range(3):  # all three start at once
+        fleet.start()
     try:
         wait_for(lambda: len(_fired_ticks(conn)) >= 3, timeout=30, what="the first ticks")
-        victim = wait_for(maintainer, what="the maintainer")
+        victim = wait_for(fleet.maintainer, what="the maintainer")
         victim.send_signal(signal.SIGKILL)  # it dies holding the role, maybe mid-tick
         victim.wait()
-        wait_for(maintainer, what="another worker to take the role")
+        wait_for(fleet.maintainer, what="another worker to take the role")
         seen = len(_fired_ticks(conn))
         wait_for(lambda: len(_fired_ticks(conn)) >= seen + 3, timeout=30, what="ticks after the takeover")
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(30)
-    keys = _fired_ticks(conn)
-    assert len(keys) == len(set(keys)), "a tick fired twice"
-    ticks = [_tick_of(key) for key in keys]
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
-    assert all(gap == 1 for gap in gaps), f"ticks were missed: {gaps}"
+        fleet.stop()
+    _assert_once_each_without_gaps(_fired_ticks(conn))
+
+
+def test_pausing_stops_the_fleet_and_resuming_does_not_bring_back_the_paused_ticks(
+    conn: psycopg.Connection[Any], db_url: str, tmp_path: Path
+) -> None:
+    from fairqueue import cli
+
+    fleet = _Fleet(db_url, tmp_path)
+    fleet.start()
+    fleet.start()
+    try:
+        wait_for(lambda: len(_fired_ticks(conn)) >= 2, timeout=30, what="the first ticks")
+        assert cli.main(["periodic", "pause", "every-second", "--database-url", db_url]) == 0
+        paused_at = db_now(conn)
+        wait_for(lambda: db_now(conn) > paused_at + timedelta(seconds=3), what="three ticks' time")
+        assert max(_enqueued_at(conn)) <= paused_at, "a tick fired while the schedule was paused"
+        assert cli.main(["periodic", "resume", "every-second", "--database-url", db_url]) == 0
+        [(resumed_at,)] = conn.execute("SELECT resumed_at FROM fairqueue.periodic_schedule").fetchall()
+        wait_for(
+            lambda: sum(tick > resumed_at for tick in _enqueued_at(conn)) >= 3, timeout=30, what="ticks after resuming"
+        )
+    finally:
+        fleet.stop()
+    ticks = sorted(_enqueued_at(conn))
+    assert len(ticks) == len(_fired_ticks(conn)), "a tick fired twice"
+    assert not [tick for tick in ticks if paused_at < tick <= resumed_at], "a paused tick fired on resume"
+    _assert_once_each_without_gaps([key for key in _fired_ticks(conn) if _tick_of(key) > resumed_at])
+
+
+@pytest.fixture(scope="module")
+def clock_skew(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/clock_skew.c built into a preload library that shifts a process's wall clock."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build tests/clock_skew.c")
+    library = tmp_path_factory.mktemp("clock-skew") / "clock_skew.so"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(REPO / "tests/clock_skew.c"), "-ldl"], check=True
+    )
+    return library
+
+
+def test_workers_on_skewed_clocks_fire_each_tick_once_and_on_time(
+    conn: psycopg.Connection[Any], db_url: str, tmp_path: Path, clock_skew: Path
+) -> None:
+    """The maintainer's machine clock is an hour fast, then (after it dies) its successor's is an hour
+    slow: ticks still follow the database's clock, each once, none early, none skipped."""
+    fleet = _Fleet(db_url, tmp_path)
+    skewed = ["env", f"LD_PRELOAD={clock_skew}"]
+    ahead = fleet.start([*skewed, "CLOCK_SKEW_SECONDS=3600"])
+    try:
+        wait_for(lambda: len(_fired_ticks(conn)) >= 3, timeout=30, what="ticks from the worker an hour ahead")
+        assert fleet.maintainer() is ahead
+        behind = fleet.start([*skewed, "CLOCK_SKEW_SECONDS=-3600"])
+        wait_for(lambda: "worker started" in fleet.workers[-1][1].read_text(), what="the worker an hour behind")
+        ahead.send_signal(signal.SIGKILL)
+        ahead.wait()
+        wait_for(lambda: fleet.maintainer() is behind, what="the worker an hour behind to take the role")
+        seen = len(_fired_ticks(conn))
+        wait_for(lambda: len(_fired_ticks(conn)) >= seen + 3, timeout=30, what="ticks from the worker an hour behind")
+    finally:
+        fleet.stop()
+    _assert_once_each_without_gaps(_fired_ticks(conn))
+    late = {tick: (enqueued - tick).total_seconds() for tick, enqueued in _enqueued_at(conn).items()}
+    assert all(0 <= seconds < 30 for seconds in late.values()), f"ticks fired early or an hour late: {late}"
 
 
 # -- command line ------------------------------------------------------------------------------------------

@@ -47,29 +47,26 @@ lint: $(VENV)/.installed-dev
 test: lint browser jdbc
 	$(PYTEST)
 
-# headless Chromium and its driver, for the Django admin's browser test (Debian packages)
-browser:
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+# $(call apt_need,CHECK,PACKAGES,WHAT FOR): installs Debian PACKAGES unless the shell test CHECK passes
+define apt_need
+	@if $(1); then :; \
 	else \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  echo "installing chromium and chromium-driver (apt) for the admin browser test"; \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  echo "installing $(2) (apt) for $(3)"; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2) >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -q >/dev/null 2>&1 && \
-	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; } || \
-	  echo "could not install chromium: the browser test will fail"; \
+	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(2) >/dev/null; } || \
+	  echo "could not install $(2): $(3) will fail"; \
 	fi
+endef
 
-# PostgreSQL's JDBC driver for the Spark pipeline (Debian package; Spark cannot fetch it from Maven here)
+# headless Chromium and its driver, for the Django admin's browser test
+browser:
+	$(call apt_need,command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1,chromium chromium-driver,the admin browser test)
+
+# PostgreSQL's JDBC driver for the Spark pipeline (Spark cannot fetch it from Maven here)
 jdbc:
-	@if [ -f /usr/share/java/postgresql.jar ] || [ -n "$$FAIRQUEUE_JDBC_JAR" ]; then :; \
-	else \
-	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  echo "installing libpostgresql-jdbc-java (apt) for the Spark tests"; \
-	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null 2>&1 || \
-	  { $$SUDO apt-get update -q >/dev/null 2>&1 && \
-	    $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q libpostgresql-jdbc-java >/dev/null; } || \
-	  echo "could not install libpostgresql-jdbc-java: the Spark tests will fail"; \
-	fi
+	$(call apt_need,[ -f /usr/share/java/postgresql.jar ] || [ -n "$$FAIRQUEUE_JDBC_JAR" ],libpostgresql-jdbc-java,the Spark tests)
 
 test-pg15: $(VENV)/.installed-dev
 	@if [ -x "$(PG15)/postgres" ]; then \

@@ -8,6 +8,7 @@ lock and another worker takes the role within a tick. Every chore is also safe t
 Each tick: re-queue the jobs of workers whose lease expired (and delete those worker rows),
 promote due scheduled jobs (delayed jobs, retries after backoff) even while every worker is busy,
 and fire due periodic schedules (fairqueue.periodic).
+Every ``vacuum_every`` seconds: vacuum the hot tables that have gathered many dead rows.
 Every ``partition_every`` seconds: create ``completed_job`` partitions ``days_ahead`` days ahead.
 """
 
@@ -29,12 +30,31 @@ class MaintenanceReport:
     recovered_jobs: int = 0
     partitions_created: int = 0
     periodic_fired: int = 0
+    vacuumed: tuple[str, ...] = ()
 
 
 def try_become_maintainer(db: object) -> bool:
     """Takes the maintenance role for this session if nobody holds it (never waits)."""
     [(got,)] = executor_for(db).rows(sql.MAINTENANCE_LOCK)
     return bool(got)
+
+
+# Every job leaves dead row versions in these (running_job: its claim's update and its delete; job:
+# its delete). Autovacuum visits a table at most once per autovacuum_naptime (1 min by default), so
+# at thousands of jobs/s they would grow to hold a minute of dead rows before space is reused.
+HOT_TABLES = ("running_job", "job", "channel", "channel_wakeup", "channel_debt")
+VACUUM_MIN_DEAD = 10_000
+
+
+def vacuum_hot_tables(db: object, min_dead: int = VACUUM_MIN_DEAD) -> list[str]:
+    """VACUUMs the hot tables with more than ``min_dead`` dead rows (and over a fifth of their live
+    rows) that this role may vacuum; returns their names. ``db`` must be in autocommit mode. Skips a
+    table another VACUUM holds instead of waiting for it."""
+    ex = executor_for(db)
+    tables = [name for (name,) in ex.rows(sql.HOT_TABLES_TO_VACUUM, (list(HOT_TABLES), min_dead))]
+    for name in tables:  # names from the fixed list above, never from input
+        ex.rows(f"VACUUM (SKIP_LOCKED) fairqueue.{name}")
+    return tables
 
 
 def promote_due_jobs(db: object) -> bool:
@@ -46,12 +66,14 @@ def promote_due_jobs(db: object) -> bool:
 class Maintainer:
     """Runs the chores at their intervals; call :meth:`tick` about once a second on an autocommit connection."""
 
-    def __init__(self, *, days_ahead: int = 3, partition_every: float = 3600.0) -> None:
+    def __init__(self, *, days_ahead: int = 3, partition_every: float = 3600.0, vacuum_every: float = 10.0) -> None:
         from fairqueue.periodic import PeriodicRunner
 
         self.days_ahead = days_ahead
         self.partition_every = partition_every
+        self.vacuum_every = vacuum_every
         self._next_partitions = 0.0
+        self._next_vacuum = time.monotonic() + vacuum_every
         self.periodic = PeriodicRunner()
 
     def tick(self, db: object) -> MaintenanceReport:
@@ -66,6 +88,11 @@ class Maintainer:
                 break
         report.periodic_fired = sum(1 for job in self.periodic.tick(db).values() if job)
         now = time.monotonic()
+        if now >= self._next_vacuum:
+            report.vacuumed = tuple(vacuum_hot_tables(db))
+            self._next_vacuum = now + self.vacuum_every
+            if report.vacuumed:
+                log.debug("vacuumed hot tables", extra={"tables": ",".join(report.vacuumed)})
         if now >= self._next_partitions:
             report.partitions_created = ensure_partitions(db, self.days_ahead)
             self._next_partitions = now + self.partition_every

@@ -59,6 +59,18 @@ HELD_JOBS = "SELECT fairqueue.held_jobs(%s)"
 
 # Whether this session became the one maintenance worker of the database (session-level lock).
 MAINTENANCE_LOCK = "SELECT pg_try_advisory_lock(1718681602, 0)"
+# The hot tables with more dead rows than VACUUM_MIN_DEAD and than a fifth of their live rows, that
+# this role may vacuum (it owns them, or has MAINTAIN on PostgreSQL 17+; others would only be warned).
+HOT_TABLES_TO_VACUUM = """
+SELECT s.relname
+FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid
+WHERE s.schemaname = 'fairqueue' AND s.relname = ANY (%s::text[])
+  AND s.n_dead_tup > greatest(%s, s.n_live_tup / 5)
+  AND (pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')
+       OR (current_setting('server_version_num')::int >= 170000
+           AND pg_catalog.has_table_privilege(c.oid, 'MAINTAIN')))
+ORDER BY s.n_dead_tup DESC
+"""
 CANCEL = "SELECT fairqueue.cancel(%s)"
 
 # Where a job is now. Exactly one branch matches a live job; a finished job has its latest final row

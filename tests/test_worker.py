@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import psycopg
 import pytest
 
 import fairqueue
+from fairqueue import cli
 from fairqueue.errors import ConfigurationError
 from fairqueue.metrics import Metrics
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
@@ -346,6 +348,57 @@ def test_exactly_one_worker_holds_the_maintenance_role(conn: psycopg.Connection[
     assert stop_and_wait(leader) == EXIT_OK
     rest = [w for w in workers if w is not leader]
     wait_for(lambda: sum(w.is_maintainer for w in rest) == 1, what="another worker to take the role")
+
+
+def _dead_rows(conn: psycopg.Connection[Any], jobs: int) -> None:
+    """Leaves ``jobs`` dead rows in job and in running_job, and makes the statistics show them."""
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("t.add", {"a": 1, "b": 2}) for _ in range(jobs)])
+    conn.execute("DELETE FROM fairqueue.running_job")
+    conn.execute("DELETE FROM fairqueue.job")
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")  # the end of this transaction flushes this session's counters
+
+
+def _vacuums(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute(
+        "SELECT relname, vacuum_count FROM pg_stat_user_tables WHERE schemaname = 'fairqueue' "
+        "AND relname IN ('job', 'running_job')"
+    ).fetchall()
+    return dict(rows)
+
+
+def test_the_maintainer_vacuums_hot_tables_full_of_dead_rows(conn: psycopg.Connection[Any]) -> None:
+    """Autovacuum comes at most once a minute; at thousands of jobs/s the hot tables would grow to
+    hold a minute of dead rows. The maintainer vacuums them when dead rows pile up, and only then."""
+    from fairqueue.maintenance import Maintainer
+
+    maintainer = Maintainer(vacuum_every=0)
+    before = _vacuums(conn)
+    assert maintainer.tick(conn).vacuumed == ()  # nothing dead yet
+    _dead_rows(conn, 12_000)
+    assert sorted(maintainer.tick(conn).vacuumed) == ["job", "running_job"]
+    assert all(count > before[name] for name, count in _vacuums(conn).items())
+    assert maintainer.tick(conn).vacuumed == ()  # they are clean now
+
+
+def test_a_role_that_may_not_vacuum_leaves_it_to_autovacuum(
+    conn: psycopg.Connection[Any], db_url: str, connect: Any
+) -> None:
+    from fairqueue.maintenance import vacuum_hot_tables
+    from tests.test_roles import as_role
+
+    name = f"fq_novacuum_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+    conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'not-a-secret'")
+    try:
+        assert cli.main(["grant", "worker", name, "--database-url", db_url]) == 0
+        _dead_rows(conn, 12_000)
+        with psycopg.connect(as_role(db_url, name), autocommit=True) as worker_conn:
+            assert vacuum_hot_tables(worker_conn) == []  # no VACUUM attempted (it would only warn)
+        assert vacuum_hot_tables(conn) != []  # the owner does vacuum
+    finally:
+        conn.execute(f'DROP OWNED BY "{name}"')
+        conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
 def test_notifications_still_arrive_after_the_listener_connection_is_killed(

@@ -43,7 +43,7 @@ def try_become_maintainer(db: object) -> bool:
 # its delete). Autovacuum visits a table at most once per autovacuum_naptime (1 min by default), so
 # at thousands of jobs/s they would grow to hold a minute of dead rows before space is reused.
 HOT_TABLES = ("running_job", "job", "channel", "channel_wakeup", "channel_debt")
-VACUUM_MIN_DEAD = 10_000
+VACUUM_MIN_DEAD = 1_000
 
 
 def vacuum_hot_tables(db: object, min_dead: int = VACUUM_MIN_DEAD) -> list[str]:

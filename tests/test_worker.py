@@ -375,7 +375,7 @@ def test_the_maintainer_vacuums_hot_tables_full_of_dead_rows(conn: psycopg.Conne
     maintainer = Maintainer(vacuum_every=0)
     before = _vacuums(conn)
     assert maintainer.tick(conn).vacuumed == ()  # nothing dead yet
-    _dead_rows(conn, 12_000)
+    _dead_rows(conn, 3_000)
     assert sorted(maintainer.tick(conn).vacuumed) == ["job", "running_job"]
     assert all(count > before[name] for name, count in _vacuums(conn).items())
     assert maintainer.tick(conn).vacuumed == ()  # they are clean now
@@ -392,7 +392,7 @@ def test_a_role_that_may_not_vacuum_leaves_it_to_autovacuum(
     conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD 'not-a-secret'")
     try:
         assert cli.main(["grant", "worker", name, "--database-url", db_url]) == 0
-        _dead_rows(conn, 12_000)
+        _dead_rows(conn, 3_000)
         with psycopg.connect(as_role(db_url, name), autocommit=True) as worker_conn:
             assert vacuum_hot_tables(worker_conn) == []  # no VACUUM attempted (it would only warn)
         assert vacuum_hot_tables(conn) != []  # the owner does vacuum

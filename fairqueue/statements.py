@@ -66,9 +66,10 @@ SELECT s.relname
 FROM pg_catalog.pg_stat_user_tables s JOIN pg_catalog.pg_class c ON c.oid = s.relid
 WHERE s.schemaname = 'fairqueue' AND s.relname = ANY (%s::text[])
   AND s.n_dead_tup > greatest(%s, s.n_live_tup / 5)
-  AND (pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')
-       OR (current_setting('server_version_num')::int >= 170000
-           AND pg_catalog.has_table_privilege(c.oid, 'MAINTAIN')))
+  AND CASE WHEN pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE') THEN true
+           WHEN current_setting('server_version_num')::int >= 170000  -- no MAINTAIN privilege before 17
+           THEN pg_catalog.has_table_privilege(c.oid, 'MAINTAIN')
+           ELSE false END
 ORDER BY s.n_dead_tup DESC
 """
 CANCEL = "SELECT fairqueue.cancel(%s)"

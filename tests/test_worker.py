@@ -396,6 +396,11 @@ def test_a_role_that_may_not_vacuum_leaves_it_to_autovacuum(
         with psycopg.connect(as_role(db_url, name), autocommit=True) as worker_conn:
             assert vacuum_hot_tables(worker_conn) == []  # no VACUUM attempted (it would only warn)
         assert vacuum_hot_tables(conn) != []  # the owner does vacuum
+        if conn.info.server_version >= 170000:  # docs/operations.md: GRANT MAINTAIN lets the role vacuum
+            conn.execute(f'GRANT MAINTAIN ON fairqueue.job, fairqueue.running_job TO "{name}"')
+            _dead_rows(conn, 3_000)
+            with psycopg.connect(as_role(db_url, name), autocommit=True) as worker_conn:
+                assert sorted(vacuum_hot_tables(worker_conn)) == ["job", "running_job"]
     finally:
         conn.execute(f'DROP OWNED BY "{name}"')
         conn.execute(f'DROP ROLE IF EXISTS "{name}"')
@@ -619,9 +624,11 @@ def test_a_worker_holds_no_more_than_its_concurrency_and_one_batch_while_outcome
     assert conn.execute(held).fetchone() == (4,)
     assert count(conn, "completed_job") == 0
     conn.execute("DROP TRIGGER test_refuse_outcome ON fairqueue.completed_job")
+    # a job whose outcome was refused just before the drop gets the substitute failure recorded after it
+    errors = ("ValueError: this handler always fails", "the outcome could not be stored: the test refuses")
     for job_id in ids:
         info = finished(conn, job_id)
-        assert info.status == "failed" and (info.error or "").startswith("ValueError: this handler always fails")
+        assert info.status == "failed" and (info.error or "").startswith(errors), info.error
 
 
 class FailingMetrics(Metrics):

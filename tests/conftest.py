@@ -11,6 +11,7 @@ Each test process migrates one database once; each test starts from empty tables
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from fairqueue import migrations
 from fairqueue.embedded import LocalPostgres, free_tcp_port, reap_orphans
 from fairqueue.roles import READABLE_TABLES as TABLES  # every table of the queue
 from fairqueue.urls import to_sqlalchemy, with_database
+from tests.helpers import Records
 
 
 def _worker_suffix() -> str:
@@ -236,3 +238,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture
+def worker_log() -> Iterator[Records]:
+    """Every record fairqueue.worker logs during the test, DEBUG and up."""
+    records = Records()
+    logger = logging.getLogger("fairqueue.worker")
+    logger.addHandler(records)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(records)
+    logger.setLevel(old_level)

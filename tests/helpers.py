@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -143,3 +144,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "c
             return value
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class Records(logging.Handler):
+    """Collects the log records of one test (the ``worker_log`` fixture attaches one to fairqueue.worker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def count(self, message: str) -> int:
+        return sum(1 for r in list(self.records) if r.getMessage() == message)

@@ -4,9 +4,7 @@ broken to parse (urlsplit cannot, or psycopg quotes the broken part in its error
 
 from __future__ import annotations
 
-import logging
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,7 +13,7 @@ import pytest
 from fairqueue.cli import main
 from fairqueue.urls import redact, scrub, to_libpq
 from fairqueue.worker import Worker, WorkerConfig
-from tests.helpers import wait_for
+from tests.helpers import Records, wait_for
 
 # (URL, its password, pieces of the password that must not show either)
 LEAKY_URLS = [
@@ -86,34 +84,13 @@ def test_scrub_leaves_words_that_merely_contain_a_short_password() -> None:
     )
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
-@pytest.fixture
-def worker_log() -> Iterator[_Records]:
-    records = _Records()
-    logger = logging.getLogger("fairqueue.worker")
-    logger.addHandler(records)
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(records)
-    logger.setLevel(old_level)
-
-
 @pytest.mark.parametrize(
     ("password_part", "secret"),
     [(":s3cr#etpw@", "s3cr#etpw"), ("@", "hunter2"), (":s3cr%2Fetpw@", "s3cr%2Fetpw")],
     ids=["hash", "query", "encoded-slash"],
 )
 def test_the_worker_logs_its_database_without_the_password(
-    db_url: str, worker_log: _Records, password_part: str, secret: str
+    db_url: str, worker_log: Records, password_part: str, secret: str
 ) -> None:
     # the test server trusts local connections, so any password connects
     assert db_url.startswith("postgresql://postgres@"), db_url

@@ -7,7 +7,6 @@ for conditions in the database, never for fixed times.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -24,7 +23,7 @@ from fairqueue.metrics import Metrics
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
 from tests import worker_tasks as t
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, count, wait_for
+from tests.helpers import Records, assert_consistent, count, wait_for
 
 Starter = Callable[..., Worker]
 
@@ -498,32 +497,6 @@ def test_bad_worker_settings_are_refused(option: str, value: object, message: st
 
 
 # -- outcomes PostgreSQL refuses --------------------------------------------------------------------
-
-
-class Records(logging.Handler):
-    """Collects the fairqueue.worker log records of one test."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def count(self, message: str) -> int:
-        return sum(1 for r in list(self.records) if r.getMessage() == message)
-
-
-@pytest.fixture
-def worker_log() -> Iterator[Records]:
-    records = Records()
-    logger = logging.getLogger("fairqueue.worker")
-    logger.addHandler(records)
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(records)
-    logger.setLevel(old_level)
 
 
 @pytest.mark.parametrize("what", ["nul", "surrogate", "both"])

@@ -1220,15 +1220,16 @@ def run_command(args: Any) -> int:
     if args.database_url and not args.include_live:
         raise ReportError("--database-url is only used with --include-live (to read the live table too)")
     database_url = resolve(args.database_url) if args.include_live else None
+    params: dict[str, Any] = {
+        "source": args.source,
+        "since": args.since,
+        "until": args.until,
+        "window": args.window,
+        "starvation_threshold": args.starvation_threshold,
+        "database_url": database_url,
+    }
     # check the options, the database and a local output before starting Spark
-    report_params(
-        source=args.source,
-        since=args.since,
-        until=args.until,
-        window=args.window,
-        starvation_threshold=args.starvation_threshold,
-        database_url=database_url,
-    )
+    report_params(**params)
     if not _is_uri(args.source) and not Path(args.source).exists():
         raise ReportError(f"no archive at {args.source}: no such file or directory")
     if database_url is not None:
@@ -1243,15 +1244,7 @@ def run_command(args: Any) -> int:
             spark = spark_session(args.master, app_name="fairqueue report", config=spark_config(args), quiet=True)
             if _is_uri(args.out):
                 _Output(spark, args.out)  # can it be written? (before the computing)
-            report = build_report(
-                spark,
-                source=args.source,
-                since=args.since,
-                until=args.until,
-                window=args.window,
-                starvation_threshold=args.starvation_threshold,
-                database_url=database_url,
-            )
+            report = build_report(spark, **params)
             try:
                 written = write_report(report, args.out)
             finally:

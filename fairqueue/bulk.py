@@ -4,8 +4,9 @@
 server with ``COPY`` into a temporary table of the session (no per-row parameters), and the SQL
 function ``fairqueue.enqueue_batch`` turns them into jobs with ``fairqueue.enqueue_many``'s own logic
 (unique keys, delayed/FIFO/dependent jobs, channel wakeups). It returns counts, not ids. Without a
-run, the jobs go in chunks of :data:`CHUNK` within one savepoint: a thread checks the next chunk
-while the database inserts the current one, and a bad job anywhere still leaves nothing written.
+run, the jobs go in chunks of :data:`CHUNK` within one savepoint: for a sequence, a thread checks
+the next chunk while the database inserts the current one (an iterator is read in the caller's
+thread only), and a bad job anywhere still leaves nothing written.
 
 With ``run_id``, the call is one batch of a bulk run, recorded in a ledger (``fairqueue.bulk_batch``)
 in the same transaction as its jobs: a batch commits at most once, so running the same batch again
@@ -269,9 +270,11 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
 
 def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> BatchResult:
     """bulk_enqueue without a run: the jobs go in chunks, all in one savepoint (or transaction) of
-    the caller's, so that a thread checks and encodes the next chunk while the database inserts
-    this one (the checks are Python, the inserts wait on the server: they overlap). A job that
-    fails its checks rolls back the chunks already inserted, so nothing is written."""
+    the caller's. When ``jobs`` is a sequence, a thread checks and encodes the next chunk while the
+    database inserts this one (the checks are Python, the inserts wait on the server: they overlap);
+    any other iterable is read in the caller's thread only, since producing its items may need that
+    thread (a generator over a query on a thread-local connection, Django's ORM). A job that fails
+    its checks rolls back the chunks already inserted, so nothing is written."""
     source = iter(jobs)
     checked = _checked_jobs(itertools.islice(source, CHUNK))  # the first chunk: errors before any write
     if not checked:
@@ -301,10 +304,10 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
 
     ensure_stage(conn)  # begins the caller's transaction where psycopg would (see below)
     helper = None
-    if len(checked) == CHUNK:
+    if len(checked) == CHUNK and isinstance(jobs, Sequence):
         helper = threading.Thread(target=prepare, args=(CHUNK,), name="fairqueue-bulk-checks", daemon=True)
         helper.start()
-    jobs_in, created = 0, 0
+    jobs_in, created, read = 0, 0, 0
     try:
         with conn.transaction():
             item: tuple[list[_Checked], str] | BaseException | None = (checked, _copy_text(checked))
@@ -317,7 +320,14 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
                     _check_dependencies_exist(executor_for(conn), dependencies)
                 result = enqueue_staged(conn, data, ALL_COLUMNS)
                 jobs_in, created = jobs_in + result.jobs, created + result.created
-                item = ready.get() if helper is not None else None
+                if helper is not None:
+                    item = ready.get()
+                elif len(chunk) == CHUNK:  # read on in this thread
+                    read += CHUNK
+                    following = _checked_jobs(itertools.islice(source, CHUNK), read)
+                    item = (following, _copy_text(following)) if following else None
+                else:
+                    item = None
     except psycopg.Error as exc:
         error = psycopg_error(exc)
         raise BulkEnqueueError(f"bulk enqueue failed: {error or exc}") from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -253,3 +254,26 @@ def test_an_autocommit_connection_gets_all_chunks_in_one_transaction(connect: An
     assert count(c, "job") == 0
     assert fairqueue.bulk_enqueue(c, jobs[:35]).created == 35
     assert count(c, "job") == 35
+
+
+def test_an_iterator_is_read_in_the_callers_thread_and_a_bad_job_late_in_it_writes_nothing(
+    connect: Any, small_chunks: int
+) -> None:
+    """Producing the jobs may need the caller's thread (a generator over a query on a thread-local
+    connection, Django's ORM): only a sequence is checked ahead in a helper thread."""
+    readers: set[str] = set()
+
+    def jobs(n: int, bad: int | None = None) -> Iterator[dict[str, Any]]:
+        for i in range(n):
+            readers.add(threading.current_thread().name)
+            yield {"kind": "" if i == bad else "k", "args": {"n": i}}
+
+    c = connect(autocommit=False)
+    with pytest.raises(fairqueue.InvalidJobError, match=r"job #34: kind must be 1 to 255"):
+        fairqueue.bulk_enqueue(c, jobs(45, bad=34))
+    assert count(c, "job") == 0
+    assert fairqueue.bulk_enqueue(c, jobs(45)).created == 45
+    c.commit()
+    assert readers == {threading.current_thread().name}
+    ns = [r[0] for r in connect().execute("SELECT (args->>'n')::int FROM fairqueue.job ORDER BY id")]
+    assert ns == list(range(45))

@@ -701,7 +701,7 @@ def _add_report_command(commands: Any) -> None:
         "--starvation-threshold",
         default="30s",
         metavar="DURATION",
-        help="queue wait above which an attempt served after other channels is starvation (default 30s)",
+        help="wait at the head of its channel above which a job can be a starvation incident (default 30s)",
     )
     report.add_argument("--include-live", action="store_true", help="also read fairqueue.completed_job (over JDBC)")
     _database_url_option(report, required_hint="; with --include-live")

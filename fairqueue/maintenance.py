@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fairqueue import statements as sql
-from fairqueue._db import executor_for
+from fairqueue._db import db_error_text, executor_for
 from fairqueue.consumer import ensure_partitions, recover_expired_workers
 
 log = logging.getLogger("fairqueue.maintenance")
@@ -77,25 +78,57 @@ class Maintainer:
         self.periodic = PeriodicRunner()
 
     def tick(self, db: object) -> MaintenanceReport:
+        """Runs the chores that are due. A chore that fails does not keep the others from running: its
+        error is logged and, once every chore has had its turn, the first one is raised (the worker
+        then gives up the role with its connection). A broken connection is raised at once."""
         report = MaintenanceReport()
-        report.recovered_jobs = recover_expired_workers(db)
-        if report.recovered_jobs:
-            log.warning(
-                "re-queued jobs of workers whose lease expired", extra={"recovered_jobs": report.recovered_jobs}
-            )
-        for _ in range(10):  # a large due backlog moves 1,000 jobs per call
-            if not promote_due_jobs(db):
-                break
-        report.periodic_fired = sum(1 for job in self.periodic.tick(db).values() if job)
-        now = time.monotonic()
-        if now >= self._next_vacuum:
-            report.vacuumed = tuple(vacuum_hot_tables(db))
-            self._next_vacuum = now + self.vacuum_every
-            if report.vacuumed:
-                log.debug("vacuumed hot tables", extra={"tables": ",".join(report.vacuumed)})
-        if now >= self._next_partitions:
+        errors: list[Exception] = []
+
+        def chore(name: str, work: Callable[[], None]) -> None:
+            try:
+                work()
+            except Exception as exc:
+                if getattr(db, "broken", False) or getattr(db, "closed", False):
+                    raise
+                log.warning("maintenance chore failed", extra={"chore": name, "error": db_error_text(exc)})
+                errors.append(exc)
+
+        def recover() -> None:
+            report.recovered_jobs = recover_expired_workers(db)
+            if report.recovered_jobs:
+                log.warning(
+                    "re-queued jobs of workers whose lease expired", extra={"recovered_jobs": report.recovered_jobs}
+                )
+
+        def promote() -> None:
+            for _ in range(10):  # a large due backlog moves 1,000 jobs per call
+                if not promote_due_jobs(db):
+                    break
+
+        def fire_periodic() -> None:
+            report.periodic_fired = sum(1 for job in self.periodic.tick(db).values() if job)
+
+        def partitions() -> None:
             report.partitions_created = ensure_partitions(db, self.days_ahead)
             self._next_partitions = now + self.partition_every
             if report.partitions_created:
                 log.info("created completed_job partitions", extra={"partitions": report.partitions_created})
+
+        def vacuum() -> None:
+            report.vacuumed = tuple(vacuum_hot_tables(db))
+            if report.vacuumed:
+                log.debug("vacuumed hot tables", extra={"tables": ",".join(report.vacuumed)})
+
+        chore("recover expired workers", recover)
+        chore("promote due jobs", promote)
+        chore("fire periodic schedules", fire_periodic)
+        now = time.monotonic()
+        if now >= self._next_partitions:
+            self._next_partitions = now + min(60.0, self.partition_every)  # after a failure: a minute
+            chore("create partitions", partitions)
+        if now >= self._next_vacuum:  # last: a long VACUUM holds up nothing else of this tick
+            self._next_vacuum = now + self.vacuum_every
+            chore("vacuum hot tables", vacuum)
+        if errors:
+            raise errors[0]
         return report

@@ -44,6 +44,7 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from fairqueue import statements as sql
+from fairqueue._db import db_error_text
 from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
@@ -120,17 +121,6 @@ class WorkerConfig:
     @property
     def heartbeat_every(self) -> float:
         return self.lease / 4
-
-
-def db_error_text(exc: BaseException) -> str:
-    """One line for a log or an error message: a database error's primary message (not its CONTEXT,
-    which for an error inside a function can run to kilobytes), otherwise the exception's text."""
-    primary = getattr(getattr(exc, "diag", None), "message_primary", None) if isinstance(exc, psycopg.Error) else None
-    try:
-        text = primary or str(exc) or type(exc).__name__
-    except Exception:
-        text = type(exc).__name__
-    return clean_text(" ".join(text.split()))
 
 
 def _storable(outcome: Outcome) -> Outcome:
@@ -1197,7 +1187,7 @@ class Worker:
                         log.info("took the maintenance role", extra={"worker_id": self.worker_id})
                 if self.is_maintainer:
                     maintainer.tick(conn)
-            except psycopg.Error as exc:
+            except Exception as exc:  # a bug must not leave the role held by a dead thread
                 if self.is_maintainer:
                     log.warning("lost the maintenance role with its connection", extra={"error": db_error_text(exc)})
                 self.is_maintainer = False

@@ -380,6 +380,34 @@ def test_the_maintainer_vacuums_hot_tables_full_of_dead_rows(conn: psycopg.Conne
     assert maintainer.tick(conn).vacuumed == ()  # they are clean now
 
 
+def test_a_failing_chore_does_not_keep_the_other_chores_from_running(conn: psycopg.Connection[Any]) -> None:
+    """Lease recovery fails on every tick here; due jobs are still promoted and the tables vacuumed,
+    and the failure is raised once they have had their turn (the worker then gives up the role)."""
+    from fairqueue.maintenance import Maintainer
+
+    conn.execute(
+        """
+        CREATE OR REPLACE FUNCTION public.test_keep_workers() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'the test keeps worker rows'; END $$;
+        CREATE OR REPLACE TRIGGER test_keep_workers BEFORE DELETE ON fairqueue.worker
+            FOR EACH ROW WHEN (OLD.name = 'expired') EXECUTE FUNCTION public.test_keep_workers();
+        """
+    )
+    try:
+        _dead_rows(conn, 3_000)
+        fairqueue.register_worker(conn, "expired", lease_seconds=0.001)
+        delayed = t.add.using(delay=3600).enqueue(conn, 1, 2)
+        conn.execute("UPDATE fairqueue.scheduled_job SET run_at = now() - interval '1 second'")
+        vacuums = _vacuums(conn)
+        with pytest.raises(psycopg.Error, match="the test keeps worker rows"):
+            Maintainer(vacuum_every=0).tick(conn)
+        assert conn.execute("SELECT job_id FROM fairqueue.running_job").fetchall() == [(delayed,)]  # promoted
+        assert all(n > vacuums[name] for name, n in _vacuums(conn).items())  # vacuumed
+    finally:
+        conn.execute("DROP TRIGGER IF EXISTS test_keep_workers ON fairqueue.worker")
+        conn.execute("DROP FUNCTION IF EXISTS public.test_keep_workers()")
+
+
 def test_a_role_that_may_not_vacuum_leaves_it_to_autovacuum(
     conn: psycopg.Connection[Any], db_url: str, connect: Any
 ) -> None:

@@ -949,6 +949,17 @@ class Worker:
         """Records outcomes on a connection of its own, so a batch is recorded while the dispatcher
         claims the next one. An outcome waits a moment (LINGER) for others, unless a batch's worth is
         waiting or nothing else is running, so finishes stay batched."""
+        try:
+            self._record_until_stopped()
+        except Exception:
+            # a bug, not a database problem (those are retried inside): stop the worker, as the
+            # dispatcher does, rather than leave outcomes waiting forever and the worker claiming nothing
+            log.critical("the finisher failed; aborting (running jobs will be re-run)", exc_info=True)
+            self._stopping.set()
+            self._aborted.set()
+            self._wake.set()
+
+    def _record_until_stopped(self) -> None:
         while True:
             with self._pending_ready:
                 while True:
@@ -980,8 +991,7 @@ class Worker:
             by_worker.setdefault(d.running.worker_id, []).append(d)
         for worker_id, items in by_worker.items():
             try:
-                self._recorded(items, self._finish(worker_id, [d.outcome for d in items if d.outcome is not None]))
-                continue
+                recorded = self._finish(worker_id, [d.outcome for d in items if d.outcome is not None])
             except Exception as exc:
                 if self._aborted.is_set():
                     return  # the jobs go back to the queue when this worker deregisters or expires
@@ -990,6 +1000,9 @@ class Worker:
                         "could not record a batch of outcomes; recording them one by one",
                         extra={"error": db_error_text(exc), "outcomes": len(items)},
                     )
+            else:  # (a failure of the bookkeeping after it is a bug, not a refused outcome: it propagates)
+                self._recorded(items, recorded)
+                continue
             stuck: BaseException | None = None
             for d in items:
                 try:
@@ -1008,12 +1021,14 @@ class Worker:
         """Records one outcome; if the database refuses it, a failure saying why in its place."""
         assert d.outcome is not None
         try:
-            self._recorded([d], self._finish(worker_id, [d.outcome]))
-            return
+            recorded = self._finish(worker_id, [d.outcome])
         except Exception as exc:
             if self._aborted.is_set():
                 raise
             original, reason = d.outcome, db_error_text(exc)
+        else:
+            self._recorded([d], recorded)
+            return
         retry_in = original.retry_in if original.outcome != "succeeded" else None
         if retry_in is not None and not (math.isfinite(retry_in) and 0 <= retry_in <= MAX_RETRY_IN):
             retry_in = None
@@ -1029,6 +1044,9 @@ class Worker:
         self._recorded([d], recorded)
 
     def _recorded(self, items: list[_Done], recorded: list[Finished]) -> None:
+        done = {id(d) for d in items}
+        with self._pending_ready:  # first: whatever the bookkeeping below does, these are recorded
+            self._pending = [d for d in self._pending if id(d) not in done]
         got = {f.job_id: f for f in recorded}
         now = time.monotonic()
         counted = []
@@ -1041,9 +1059,6 @@ class Worker:
                     self._log_failure(r, d.outcome, got[r.job.id])
         self.metrics.jobs_finished(counted)
         self.finished_total += len(counted)
-        done = {id(d) for d in items}
-        with self._pending_ready:
-            self._pending = [d for d in self._pending if id(d) not in done]
 
     def _finish(self, worker_id: int, outcomes: list[Outcome]) -> list[Finished]:
         # the finisher's connection; at shutdown (finisher stopped) the dispatcher uses it too
@@ -1201,12 +1216,16 @@ class Worker:
         with self._pending_ready:
             self._finisher_stop = True
             self._pending_ready.notify_all()
+        finisher_busy = False
         for t in self._threads:
             if t.name == "fairqueue-finisher":
                 t.join(timeout=30.0)  # it ends after the batch it is recording (when aborting: after one try)
+                finisher_busy = t.is_alive()
         try:
             self._collect_completions()
-            if self._pending:
+            if finisher_busy:  # its connection is its own: what it has not recorded goes to deregister
+                log.warning("the finisher is still recording; outcomes it has not recorded will be re-run")
+            elif self._pending:
                 self._record_pending(list(self._pending))  # when aborting: one try, so finished jobs are not run again
         except Exception:
             log.exception("could not record the last outcomes; their jobs will be re-run")

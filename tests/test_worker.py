@@ -637,6 +637,26 @@ class FailingMetrics(Metrics):
         raise RuntimeError("a bug in the runtime")
 
 
+class FailingFinishMetrics(Metrics):
+    def jobs_finished(self, done: Any) -> None:
+        raise RuntimeError("a bug in the runtime")
+
+
+def test_an_unexpected_error_in_the_finisher_stops_the_worker_and_records_each_outcome_once(
+    conn: psycopg.Connection[Any], db_url: str, worker_log: Records
+) -> None:
+    job_id = t.add.enqueue(conn, 1, 2)
+    worker = Worker(WorkerConfig(database_url=db_url, concurrency=2, poll_interval=0.2), metrics=FailingFinishMetrics())
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the worker kept running without its finisher"
+    assert worker_log.count("the finisher failed; aborting (running jobs will be re-run)") == 1
+    assert count(conn, "worker") == 0
+    info = finished(conn, job_id)
+    assert info.result == 3 and [a.outcome for a in info.attempts] == ["succeeded"]
+
+
 def test_an_unexpected_error_in_the_dispatcher_is_logged_and_the_worker_deregisters(
     conn: psycopg.Connection[Any], db_url: str, worker_log: Records
 ) -> None:

@@ -199,9 +199,10 @@ LIMIT %(limit)s
 """
 
 # `fairqueue channels set` changes only the settings it is given: in one transaction it takes this
-# lock (admin edits of one channel name queue up, even before the channel has a row; key class
-# 1718681603 is used for nothing else), reads the current settings with the row locked against any
-# configure_channel, merges, and writes them all back with CONFIGURE_CHANNEL.
+# lock (admin edits of one channel name queue up, even before the channel has a row), reads the
+# current settings with the row locked against any configure_channel, merges, and writes them all
+# back with CONFIGURE_CHANNEL. Key class 1718681603 is the lock on one channel's settings:
+# configure_channel takes it too (schema v7), and a claim sharing the channel takes it shared.
 CHANNEL_EDIT_LOCK = "SELECT pg_advisory_xact_lock(1718681603, hashtext(%s))"
 CHANNEL_SETTINGS_FOR_UPDATE = """
 SELECT max_concurrency, rate_limit, rate_burst, weight, paused

@@ -80,6 +80,42 @@ def test_batched_finish_in_one_call(conn: psycopg.Connection[Any], worker: int) 
     assert_consistent(conn)
 
 
+def test_a_batched_finish_gives_each_job_its_own_outcome_error_result_and_retry(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """finish matches each job to its own entry of every array, in any order of the batch."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": f"c{i % 3}"} for i in range(12)])
+    jobs = fairqueue.claim_batch(conn, worker, 12)
+    outcomes = [
+        fairqueue.Outcome(
+            j.id,
+            "succeeded" if i % 3 == 0 else "failed",
+            result={"n": i} if i % 3 == 0 else None,
+            error=None if i % 3 == 0 else f"error {i}",
+            retry_in=None if i % 3 != 1 else 100.0 + i,  # every third failure retries, the others are final
+        )
+        for i, j in enumerate(jobs)
+    ]
+    finished = {f.job_id: f for f in fairqueue.finish(conn, worker, list(reversed(outcomes)))}
+    for i, j in enumerate(jobs):
+        f = finished[j.id]
+        if i % 3 == 1:
+            assert f.retry_at is not None and not f.final
+            assert conn.execute(
+                "SELECT round(extract(epoch FROM s.run_at - c.finished_at)) FROM fairqueue.scheduled_job s "
+                "JOIN fairqueue.completed_job c ON c.job_id = s.job_id WHERE s.job_id = %s",
+                (j.id,),
+            ).fetchone() == (100 + i,)
+        else:
+            assert f.final and f.retry_at is None
+        info = fairqueue.get_job(conn, j.id)
+        assert info is not None
+        assert info.attempts[-1].outcome == ("succeeded" if i % 3 == 0 else "failed")
+        assert info.attempts[-1].error == (None if i % 3 == 0 else f"error {i}")
+        assert info.result == ({"n": i} if i % 3 == 0 else None)
+    assert_consistent(conn)
+
+
 def test_another_workers_finish_is_ignored(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.enqueue(conn, "k")
     [job] = fairqueue.claim_batch(conn, worker, 1)

@@ -312,6 +312,72 @@ def test_finish_while_a_cap_is_being_set(connect: Connections, conn: psycopg.Con
     assert_consistent(conn)
 
 
+def _bob_running(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM fairqueue.running_job WHERE channel = 'bob' AND worker_id IS NOT NULL"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize(
+    ("settings", "most_started"),
+    [({"max_concurrency": 2}, 2), ({"rate_limit": "1/m"}, 1), ({"paused": True}, 0)],
+    ids=["cap", "rate", "pause"],
+)
+def test_a_limit_being_set_holds_for_a_claim_that_would_share_the_channel(
+    connect: Connections, conn: psycopg.Connection[Any], settings: dict[str, Any], most_started: int
+) -> None:
+    """A shared take reads the channel's limits without its row; while configure_channel holds the
+    row to add a limit, the claim must not take jobs the new limit would not count."""
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 20)
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    first = fairqueue.claim_batch(conn, w1, 1)  # bob is active
+    fairqueue.finish(conn, w1, [fairqueue.Outcome(j.id) for j in first])
+    admin = connect(autocommit=False)
+    fairqueue.configure_channel(admin, "bob", **settings)  # holds bob's row until it commits
+    got: list[fairqueue.ClaimedJob] = []
+    race_against_open_transaction(conn, admin, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
+    more = fairqueue.claim_batch(conn, w1, 5)
+    assert len(got) + len(more) <= most_started, (len(got), len(more))
+    if "max_concurrency" in settings:
+        assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'bob'").fetchone() == (
+            _bob_running(conn),
+        )
+    assert_consistent(conn)
+
+
+def test_a_held_rate_limited_channel_is_not_shared(connect: Connections, conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "bob", rate_limit="2/s", burst=100)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 20)
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, w1, 1)  # bob is active
+    conn.execute("UPDATE fairqueue.channel SET tokens = 6, tokens_at = now() WHERE name = 'bob'")
+    first = connect(autocommit=False)
+    held = fairqueue.claim_batch(first, w1, 5)  # holds bob's row; one token left
+    got: list[fairqueue.ClaimedJob] = []
+    race_against_open_transaction(conn, first, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 5)))
+    assert len(held) == 5 and len(got) <= 1  # six tokens, six starts at most
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_debt").fetchone() == (0,)
+
+
+def test_the_debt_of_a_held_channel_stays_owed_and_is_not_waited_for(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 30)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "alice"}] * 30)
+    w1, w2 = fairqueue.register_worker(conn), fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, w1, 2)  # both active
+    conn.execute("INSERT INTO fairqueue.channel_debt (channel, vtime) VALUES ('bob', 5)")
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = 'bob' FOR NO KEY UPDATE")  # as a claim would
+    got: list[fairqueue.ClaimedJob] = []
+    waited = race_against_open_transaction(conn, holder, lambda: got.extend(fairqueue.claim_batch(connect(), w2, 1)))
+    assert not waited, "paying debts must skip a held channel, not wait for it"
+    assert [j.channel for j in got] == ["alice"]
+    assert conn.execute("SELECT sum(vtime) FROM fairqueue.channel_debt WHERE channel = 'bob'").fetchone() == (5.0,)
+
+
 def test_claim_does_not_wait_for_a_channel_held_by_configure(
     connect: Connections, conn: psycopg.Connection[Any], worker: int
 ) -> None:

@@ -1,4 +1,4 @@
-"""fairqueue 0007: ticks that fell due while a schedule was paused stay missed after it is resumed.
+"""fairqueue 0007: paused ticks stay missed after resume; a claim never shares a channel being configured.
 
 Revision ID: fq0007
 Revises: fq0006

@@ -123,14 +123,16 @@ class WorkerConfig:
         return self.lease / 4
 
 
+def _clip(text: str, limit: int, gap: str = "\n[...]\n") -> str:
+    """``text`` cut to its first and last ``limit // 2`` characters when longer than ``limit``."""
+    return text if len(text) <= limit else text[: limit // 2] + gap + text[-(limit // 2) :]
+
+
 def _storable(outcome: Outcome) -> Outcome:
     """The outcome with an error text PostgreSQL can store (see clean_text) and of bounded size."""
     if outcome.error is None:
         return outcome
-    error = outcome.error
-    if len(error) > 2 * MAX_ERROR_CHARS:
-        error = error[:MAX_ERROR_CHARS] + "\n[...]\n" + error[-MAX_ERROR_CHARS:]
-    error = clean_text(error)
+    error = clean_text(_clip(outcome.error, 2 * MAX_ERROR_CHARS))
     return outcome if error is outcome.error else replace(outcome, error=error)
 
 
@@ -519,11 +521,10 @@ class Worker:
             # a claim whose answer was lost may have handed us jobs we do not know about
             self._needs_reconcile = True
             self._db.reopened = 0
-        queued = len(self._work)
         for job in jobs:
             self._start(job, worker_id)
         self.metrics.jobs_claimed((j.channel, j.kind, (j.started_at - j.ready_at).total_seconds()) for j in jobs)
-        if len(self._work) > queued or self._work:
+        if self._work:
             self._wake_slot.put(True)  # one slot thread; it wakes others while jobs remain
         self.claimed_total += len(jobs)
         self.metrics.set_slots(self.config.concurrency, len(self._inflight))
@@ -791,14 +792,11 @@ class Worker:
             message = str(exc)
         except Exception:
             message = "<its str() failed>"
-        if len(message) > MAX_ERROR_CHARS:
-            message = message[: MAX_ERROR_CHARS // 2] + " [...] " + message[-MAX_ERROR_CHARS // 2 :]
         try:
             text = "".join(traceback.format_exception(exc))
         except Exception:
             text = "(no traceback: formatting it failed)"
-        if len(text) > MAX_ERROR_CHARS:
-            text = text[: MAX_ERROR_CHARS // 2] + "\n[...]\n" + text[-MAX_ERROR_CHARS // 2 :]
+        message, text = _clip(message, MAX_ERROR_CHARS, " [...] "), _clip(text, MAX_ERROR_CHARS)
         error = clean_text(f"{type(exc).__name__}: {message}\n\n{text}")
         return Outcome(r.job.id, "failed", error=error, retry_in=self._retry_in(r))
 

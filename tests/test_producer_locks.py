@@ -14,7 +14,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent
+from tests.helpers import assert_consistent, race_against_open_transaction
 
 ISOLATIONS = ["read committed", "repeatable read", "serializable"]
 
@@ -213,3 +213,26 @@ def test_enqueue_again_after_a_rolled_back_savepoint_still_wakes_the_channel(
     kept = fairqueue.enqueue(producer, "kept", channel="bob")
     producer.commit()
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [kept]
+
+
+def test_a_claim_that_idled_a_channel_does_not_then_wait_for_a_busy_one(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Idling a channel takes its exclusive lock until the claim commits, and a producer enqueueing
+    into that channel would wait for it: after idling, the claim no longer waits for a held channel."""
+    fairqueue.configure_channel(conn, "capped", max_concurrency=100)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "capped"}] * 20)
+    fairqueue.enqueue(conn, "k", channel="x")
+    worker = fairqueue.register_worker(conn)
+    assert {j.channel for j in fairqueue.claim_batch(conn, worker, 2)} == {"capped", "x"}
+    conn.execute("UPDATE fairqueue.channel SET active = true WHERE name = 'x'")  # drained, not idled yet
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = 'capped' FOR NO KEY UPDATE")  # as a claim would
+    got: list[fairqueue.ClaimedJob] = []
+    waited = race_against_open_transaction(
+        conn, holder, lambda: got.extend(fairqueue.claim_batch(connect(), worker, 5))
+    )
+    assert not waited, "after idling x the claim waited for capped, holding x's lock against producers"
+    assert got == []  # and the next claim takes capped's jobs
+    assert conn.execute("SELECT active FROM fairqueue.channel WHERE name = 'x'").fetchone() == (False,)
+    assert len(fairqueue.claim_batch(_impatient(connect()), worker, 5)) == 5

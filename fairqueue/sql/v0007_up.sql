@@ -89,7 +89,7 @@ END $$;
 -- weighted round-robin (start-time fair queueing) order, within each channel's concurrency cap and
 -- rate limit. Rows come back in service order. Version 6: shares a held unlimited channel (above)
 -- and pays channel_debt before ordering the channels. Version 7: never shares a channel whose
--- settings configure_channel is changing.
+-- settings configure_channel is changing, and never waits for a busy channel after idling some.
 CREATE OR REPLACE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
@@ -227,6 +227,8 @@ BEGIN
             JOIN fairqueue.channel c ON c.name = u.name
             WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL;
             IF v_names IS NULL THEN
+                -- Not once this claim has idled channels: it holds their exclusive locks until it
+                -- commits, and a producer enqueueing into one of them would wait with it.
                 EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
                 v_waited := true;
                 CONTINUE;
@@ -315,6 +317,7 @@ BEGIN
         IF cardinality(v_short) > 0 THEN
             IF NOT v_shared THEN
                 PERFORM fairqueue._idle_channels(v_short);  -- only the holder of a channel's row may idle it
+                v_waited := true;  -- and never wait for a busy channel after it (see above)
             END IF;
             v_skip := v_skip || v_short;
         END IF;

@@ -194,10 +194,7 @@ class ChannelDebt(Base):
     the next holder of the row adds it to the channel's ``vtime``."""
 
     __tablename__ = "channel_debt"
-    __table_args__ = (
-        Index("channel_debt_channel_idx", "channel"),
-        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": 200}},
-    )
+    __table_args__ = ({"postgresql_with": {"autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": 200}},)
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     channel: Mapped[str] = mapped_column(Text)

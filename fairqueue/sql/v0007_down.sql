@@ -292,3 +292,5 @@ BEGIN
 END $$;
 
 ALTER TABLE fairqueue.periodic_schedule DROP COLUMN resumed_at;
+
+CREATE INDEX channel_debt_channel_idx ON fairqueue.channel_debt (channel);

@@ -9,6 +9,10 @@
 
 ALTER TABLE fairqueue.periodic_schedule ADD COLUMN resumed_at timestamptz;
 
+-- Every access to channel_debt goes by id (the claim inserts, _pay_debts reads the oldest ids and
+-- deletes by id): the index on channel only cost a write per shared take.
+DROP INDEX fairqueue.channel_debt_channel_idx;
+
 -- Pauses or resumes a schedule without a deploy. Returns false if there is no such schedule.
 -- Resuming a paused schedule stamps resumed_at; resuming a running one changes nothing.
 CREATE OR REPLACE FUNCTION fairqueue.pause_periodic(p_name text, p_paused boolean)

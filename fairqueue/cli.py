@@ -18,7 +18,7 @@ import psycopg
 import psycopg.conninfo
 
 from fairqueue import __version__
-from fairqueue._db import psycopg_error
+from fairqueue._db import db_error_text, psycopg_error
 from fairqueue.errors import ConfigurationError, FairqueueError
 from fairqueue.urls import ENV_VAR, redact, scrub
 
@@ -869,19 +869,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         secret_of = url or os.environ.get(ENV_VAR)
         if isinstance(driver, psycopg.OperationalError):
             where = f" {redact(url)}" if url else ""
-            message = scrub(_one_line(str(driver)), secret_of)
+            message = scrub(db_error_text(driver), secret_of)
             print(f"fairqueue: error: cannot connect to the database{where}: {message}", file=sys.stderr)
             return EXIT_FAILURE
         if driver is not None and driver.sqlstate in _NOT_INSTALLED:
-            message = driver.diag.message_primary or str(driver)
             print(
-                f"fairqueue: error: database error: {scrub(_one_line(message), secret_of)} "
+                f"fairqueue: error: database error: {scrub(db_error_text(driver), secret_of)} "
                 "(is fairqueue installed in this database? run: fairqueue migrate)",
                 file=sys.stderr,
             )
             return EXIT_FAILURE
         if driver is not None:
-            print(f"fairqueue: error: database error: {scrub(_one_line(str(driver)), secret_of)}", file=sys.stderr)
+            # the primary message: an error raised inside a function carries kilobytes of CONTEXT
+            print(f"fairqueue: error: database error: {scrub(db_error_text(driver), secret_of)}", file=sys.stderr)
             return EXIT_FAILURE
         raise
 

@@ -83,6 +83,28 @@ def test_enqueue_prints_the_id_and_the_job_exists(cli: Run, conn: psycopg.Connec
     )
 
 
+def test_a_database_error_inside_a_function_prints_its_primary_message_alone(
+    cli: Run, conn: psycopg.Connection[Any]
+) -> None:
+    """Not the CONTEXT lines PostgreSQL adds for an error raised inside a function (kilobytes of them)."""
+    conn.execute(
+        """
+        CREATE OR REPLACE FUNCTION public.test_refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'the test refuses jobs' USING DETAIL = 'line one'; END $$;
+        CREATE OR REPLACE TRIGGER test_refuse_jobs BEFORE INSERT ON fairqueue.job
+            FOR EACH ROW EXECUTE FUNCTION public.test_refuse_jobs();
+        """
+    )
+    try:
+        code, _, err = cli("enqueue", "k")
+        assert code == 1
+        assert _one_error_line(err) == "fairqueue: error: database error: the test refuses jobs"
+    finally:
+        conn.execute("DROP TRIGGER IF EXISTS test_refuse_jobs ON fairqueue.job")
+        conn.execute("DROP FUNCTION IF EXISTS public.test_refuse_jobs()")
+    assert count(conn, "job") == 0
+
+
 def test_enqueue_options(cli: Run, conn: psycopg.Connection[Any]) -> None:
     code, out, _ = cli("enqueue", "first")
     first = int(out)

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import pq, sql
 
 from fairqueue._db import executor_for, psycopg_error
 from fairqueue.errors import FairqueueError, InvalidJobError, UnsupportedConnectionError
 from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked
+from fairqueue.sql import Q
 from fairqueue.validation import check_text
 
 __all__ = ["BatchResult", "BulkEnqueueError", "bulk_enqueue"]
@@ -56,41 +57,6 @@ ALL_COLUMNS = (
     "fifo_key",
     "depends_on",
 )
-
-_STAGE_EXISTS = f"SELECT to_regclass('pg_temp.{STAGE}') IS NOT NULL"
-_CREATE_STAGE = f"""
-CREATE TEMPORARY TABLE {STAGE} (
-    kind text, channel text, args jsonb, run_at timestamptz, max_attempts integer,
-    timeout_seconds double precision, unique_key text, fifo_key text, depends_on jsonb
-) ON COMMIT DELETE ROWS
-"""
-
-# One statement: the staged rows become parallel arrays (aggregates of one scan stay aligned) for
-# fairqueue.enqueue_batch. Columns that are NULL on every row go as NULL arrays ("the default"), as
-# enqueue_many's callers do; kind, max_attempts and timeout may come as one value for all rows.
-_ENQUEUE_STAGED = f"""
-SELECT b.jobs, b.created, b.done_before, b.call_id
-FROM (
-    SELECT array_agg(coalesce(s.kind, %(kind)s::text)) AS kinds,
-           array_agg(s.args) AS args,
-           array_agg(s.channel) AS channels,
-           CASE WHEN count(s.run_at) > 0 THEN array_agg(s.run_at) END AS run_ats,
-           array_agg(coalesce(s.max_attempts, %(max_attempts)s::integer)) AS max_attempts,
-           CASE WHEN count(s.timeout_seconds) > 0 OR %(timeout)s::double precision IS NOT NULL
-                THEN array_agg(coalesce(s.timeout_seconds, %(timeout)s::double precision)) END AS timeouts,
-           CASE WHEN count(s.unique_key) > 0 THEN array_agg(s.unique_key) END AS unique_keys,
-           CASE WHEN count(s.fifo_key) > 0 THEN array_agg(s.fifo_key) END AS fifo_keys,
-           CASE WHEN count(s.depends_on) > 0 THEN array_agg(s.depends_on) END AS depends_on
-    FROM pg_temp.{STAGE} AS s
-) AS a
-CROSS JOIN LATERAL fairqueue.enqueue_batch(
-    %(run_id)s::text, %(batch_key)s::text, %(digest)s::text, %(call_id)s::text, a.kinds, a.args, a.channels,
-    a.run_ats, a.max_attempts, a.timeouts, a.unique_keys, a.fifo_keys, a.depends_on) AS b
-"""
-
-_RECORDED_BATCH = """
-SELECT digest, jobs, created, call_id FROM fairqueue.bulk_batch WHERE run_id = %s AND batch_key = %s
-"""
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -145,14 +111,14 @@ def ensure_stage(conn: psycopg.Connection[Any]) -> None:
     """Creates the session's staging table unless it exists (in the current transaction, if any:
     a table made in a transaction that rolls back is gone again, and made again next time)."""
     with conn.cursor() as cur:
-        row = cur.execute(_STAGE_EXISTS).fetchone()
+        row = cur.execute(Q.bulk_stage_exists).fetchone()
         if not (row and row[0]):
-            cur.execute(_CREATE_STAGE)
+            cur.execute(Q.bulk_create_stage)
 
 
 def recorded_batch(conn: psycopg.Connection[Any], run_id: str, batch_key: str) -> tuple[str, BatchResult] | None:
     """(digest, result) of a batch the ledger holds, or None."""
-    row = conn.execute(_RECORDED_BATCH, (run_id, batch_key)).fetchone()
+    row = conn.execute(Q.bulk_recorded_batch, (run_id, batch_key)).fetchone()
     if row is None:
         return None
     return str(row[0]), BatchResult(int(row[1]), int(row[2]), True, row[3])
@@ -182,7 +148,7 @@ def enqueue_staged(
     unknown = set(columns) - set(ALL_COLUMNS)
     if unknown:
         raise ValueError(f"unknown staging columns {sorted(unknown)}")
-    copy_sql = f"COPY pg_temp.{STAGE} ({', '.join(columns)}) FROM STDIN"
+    copy_sql = sql.SQL(Q.bulk_copy_into_stage).format(columns=sql.SQL(", ").join(map(sql.Identifier, columns)))
     inside_caller_transaction = conn.info.transaction_status == pq.TransactionStatus.INTRANS
     params = {
         "kind": kind,
@@ -198,9 +164,9 @@ def enqueue_staged(
             ensure_stage(conn)
             with cur.copy(copy_sql) as copy:
                 copy.write(data)
-            row = cur.execute(_ENQUEUE_STAGED, params).fetchone()
+            row = cur.execute(Q.bulk_enqueue_staged, params).fetchone()
             if inside_caller_transaction:  # the rows would stay until the caller commits
-                cur.execute(f"TRUNCATE pg_temp.{STAGE}")
+                cur.execute(Q.bulk_empty_stage)
     except psycopg.errors.InvalidParameterValue as exc:  # fairqueue's own checks in enqueue_batch
         raise BulkEnqueueError(str(exc.diag.message_primary or exc), run_id=run_id) from None
     assert row is not None

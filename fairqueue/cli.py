@@ -20,16 +20,14 @@ import psycopg.conninfo
 from fairqueue import __version__
 from fairqueue._db import db_error_text, psycopg_error
 from fairqueue.errors import ConfigurationError, FairqueueError
+from fairqueue.sql import Q
+from fairqueue.text import one_line
 from fairqueue.urls import ENV_VAR, redact, scrub
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 # undefined_table, undefined_function, invalid_schema_name: fairqueue's schema is not (fully) there
 _NOT_INSTALLED = frozenset({"42P01", "42883", "3F000"})
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def _database_url_option(parser: argparse.ArgumentParser, *, required_hint: str = "") -> None:
@@ -173,7 +171,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors on one line, like every other error of the command line."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"fairqueue: error: {_one_line(message)} (see: {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"fairqueue: error: {one_line(message)} (see: {self.prog} --help)\n")
 
 
 def _positive_float(text: str) -> float:
@@ -251,27 +249,12 @@ def _parse_run_at(text: str) -> datetime:
     return when
 
 
-# Live workers, and those of them that may run `kind`: it is in their task list, or their list is
-# not all they run (cut short, or tasks found by a resolver such as Django's; workers from before
-# "tasks_complete" listed at most 100 names).
-WORKERS_KNOWING = """
-SELECT count(*),
-       count(*) FILTER (WHERE jsonb_typeof(info->'tasks') IS DISTINCT FROM 'array'
-                           OR info->'tasks' ? %(kind)s
-                           OR NOT CASE WHEN jsonb_typeof(info->'tasks_complete') = 'boolean'
-                                       THEN (info->'tasks_complete')::boolean
-                                       ELSE jsonb_array_length(info->'tasks') < 100 END)
-FROM fairqueue.worker
-WHERE lease_expires_at > clock_timestamp()
-"""
-
-
 def _unknown_task_warning(conn: psycopg.Connection[Any], kind: str) -> str | None:
     """A warning if no live worker runs task ``kind`` (never an error: producers may enqueue
     before the workers that run a new task are deployed)."""
     try:
         with conn.transaction():  # a savepoint: a failure here must not cost the enqueue
-            row = conn.execute(WORKERS_KNOWING, {"kind": kind}).fetchone()
+            row = conn.execute(Q.workers_knowing, {"kind": kind}).fetchone()
     except Exception:  # the warning is a courtesy
         return None
     live, knowing = row if row else (0, 0)
@@ -455,7 +438,6 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_channels_set(args: argparse.Namespace) -> int:
-    from fairqueue import statements as sql
     from fairqueue.errors import InvalidChannelConfigError
     from fairqueue.producer import configure_channel
     from fairqueue.validation import check_channel_settings, parse_rate_limit
@@ -478,8 +460,8 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
     )
 
     with _connect(args) as conn:
-        conn.execute(sql.CHANNEL_EDIT_LOCK, (args.name,))
-        row = conn.execute(sql.CHANNEL_SETTINGS_FOR_UPDATE, (args.name,)).fetchone()
+        conn.execute(Q.channel_edit_lock, (args.name,))
+        row = conn.execute(Q.channel_settings_for_update, (args.name,)).fetchone()
         cap, rate, burst, weight, paused = row if row is not None else (None, None, 1.0, 1, False)
         if args.no_max_concurrency:
             cap = None
@@ -498,7 +480,7 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
         configure_channel(
             conn, args.name, max_concurrency=cap, rate_limit=rate, weight=weight, paused=paused, burst=burst
         )
-        [(cap, rate, burst, weight, paused)] = conn.execute(sql.CHANNEL_SETTINGS_FOR_UPDATE, (args.name,)).fetchall()
+        [(cap, rate, burst, weight, paused)] = conn.execute(Q.channel_settings_for_update, (args.name,)).fetchall()
     print(
         f"channel {args.name}: max_concurrency={cap or '-'} rate_limit={rate or '-'} burst={burst:g} "
         f"weight={weight} {'paused' if paused else 'not paused'}"
@@ -860,7 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("fairqueue: interrupted", file=sys.stderr)
         return 130
     except FairqueueError as exc:
-        print(f"fairqueue: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"fairqueue: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         driver = psycopg_error(exc)

@@ -14,16 +14,16 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from fairqueue import statements as sql
 from fairqueue._db import executor_for, psycopg_error
 from fairqueue.config import settings
 from fairqueue.errors import InvalidJobError, UnknownWorkerError
+from fairqueue.outcomes import WORKER_OUTCOMES, OutcomeName
+from fairqueue.sql import Q
 from fairqueue.validation import MAX_ATTEMPTS, check_result
 
-OutcomeName = Literal["succeeded", "failed", "timed_out", "lost", "cancelled"]
-OUTCOMES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "lost", "cancelled"})
+OUTCOMES = WORKER_OUTCOMES  # (the name this module has always exported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,25 +67,25 @@ def register_worker(
     if lease_seconds <= 0:
         raise ValueError("lease_seconds must be positive")
     label = name or f"{socket.gethostname()}:{os.getpid()}"
-    [(worker_id,)] = executor_for(db).rows(sql.REGISTER_WORKER, (label, lease_seconds, json.dumps(info or {})))
+    [(worker_id,)] = executor_for(db).rows(Q.register_worker, (label, lease_seconds, json.dumps(info or {})))
     return int(worker_id)
 
 
 def heartbeat(db: object, worker_id: int, *, lease_seconds: float = 30.0) -> bool:
     """Renews the lease. False means the worker was declared dead and its jobs handed to others."""
-    [(alive,)] = executor_for(db).rows(sql.HEARTBEAT, (worker_id, lease_seconds))
+    [(alive,)] = executor_for(db).rows(Q.heartbeat, (worker_id, lease_seconds))
     return bool(alive)
 
 
 def deregister_worker(db: object, worker_id: int) -> int:
     """Removes the worker; jobs it still holds are recorded as lost and run again. Returns their number."""
-    [(n,)] = executor_for(db).rows(sql.DEREGISTER_WORKER, (worker_id,))
+    [(n,)] = executor_for(db).rows(Q.deregister_worker, (worker_id,))
     return int(n)
 
 
 def recover_expired_workers(db: object) -> int:
     """Re-queues the jobs of workers whose lease expired (attempt recorded as 'lost'). Returns how many."""
-    [(n,)] = executor_for(db).rows(sql.RECOVER_EXPIRED_WORKERS)
+    [(n,)] = executor_for(db).rows(Q.recover_expired_workers)
     return int(n)
 
 
@@ -94,7 +94,7 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
         raise ValueError(f"limit must be a whole number from 1 to 1000, got {limit!r}")
     try:
-        rows = executor_for(db).rows(sql.CLAIM, (worker_id, limit))
+        rows = executor_for(db).rows(Q.claim, (worker_id, limit))
     except Exception as exc:
         driver_error = psycopg_error(exc)
         if driver_error is not None and driver_error.sqlstate == "FQ001":
@@ -138,7 +138,7 @@ def finish(db: object, worker_id: int, outcomes: Sequence[Outcome]) -> list[Fini
         raise InvalidJobError("finish got the same job id twice")
     # an array of nothing but NULLs travels as one NULL (the common case: no results, no errors)
     params = (worker_id, ids, names, *(None if all(v is None for v in a) else a for a in (results, errors, retries)))
-    rows = executor_for(db).rows(sql.FINISH, params)
+    rows = executor_for(db).rows(Q.finish, params)
     return [Finished(job_id=r[0], outcome=r[1], final=r[2], retry_at=r[3]) for r in rows]
 
 
@@ -166,14 +166,14 @@ def release(db: object, worker_id: int, job_ids: Iterable[int]) -> int:
     ids = list(job_ids)
     if not ids:
         return 0
-    [(n,)] = executor_for(db).rows(sql.RELEASE, (worker_id, ids))
+    [(n,)] = executor_for(db).rows(Q.release, (worker_id, ids))
     return int(n)
 
 
 def cancel(db: object, job_id: int) -> str:
     """Cancels a job: 'cancelled' (it will not run), 'cancel_requested' (running; its worker is told),
     'finished' (too late) or 'not_found'."""
-    [(state,)] = executor_for(db).rows(sql.CANCEL, (job_id,))
+    [(state,)] = executor_for(db).rows(Q.cancel, (job_id,))
     return str(state)
 
 
@@ -189,11 +189,11 @@ def retry(db: object, job_id: int, *, attempts: int = 1) -> str:
         raise InvalidJobError(f"job_id must be a positive whole number, got {job_id!r}")
     if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_ATTEMPTS:
         raise InvalidJobError(f"attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {attempts!r}")
-    [(state,)] = executor_for(db).rows(sql.RETRY, (job_id, attempts))
+    [(state,)] = executor_for(db).rows(Q.retry, (job_id, attempts))
     return str(state)
 
 
 def ensure_partitions(db: object, days_ahead: int = 3) -> int:
     """Creates completed_job partitions from today to ``days_ahead`` days ahead; returns how many were new."""
-    [(n,)] = executor_for(db).rows(sql.ENSURE_PARTITIONS, (days_ahead,))
+    [(n,)] = executor_for(db).rows(Q.ensure_partitions, (days_ahead,))
     return int(n)

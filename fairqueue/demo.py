@@ -23,6 +23,7 @@ import fairqueue
 from fairqueue import migrations
 from fairqueue.demo_tasks import resize_image, send_invoice
 from fairqueue.errors import ConfigurationError
+from fairqueue.sql import Q
 from fairqueue.urls import redact, resolve
 
 BOB, ALICE = "bob", "alice"
@@ -38,7 +39,7 @@ def _database(database_url: str | None) -> Iterator[str]:
     print("Starting an embedded PostgreSQL (no --database-url given) ...", flush=True)
     with LocalPostgres(settings=DURABLE_SETTINGS) as server:
         with psycopg.connect(server.url) as c:
-            version = c.execute("SHOW server_version").fetchone()
+            version = c.execute(Q.demo_server_version).fetchone()
         print(f"  PostgreSQL {version[0] if version else '?'} in {server.datadir}", flush=True)
         yield server.url
     print("Embedded PostgreSQL stopped and removed.")
@@ -77,7 +78,7 @@ def _wait_for_workers(conn: psycopg.Connection[Any], procs: list[subprocess.Pope
     """Until every worker has registered (and so listens for work), so that the jobs' waits are
     queueing, not process start-up."""
     deadline = time.monotonic() + 60
-    while (row := conn.execute("SELECT count(*) FROM fairqueue.worker").fetchone()) and row[0] < len(procs):
+    while (row := conn.execute(Q.demo_worker_count).fetchone()) and row[0] < len(procs):
         if any(p.poll() is not None for p in procs):
             raise ConfigurationError("a demo worker exited at start; see the messages above")
         if time.monotonic() > deadline:
@@ -107,39 +108,10 @@ def _stop_workers(procs: list[subprocess.Popen[bytes]], patience: float = 30.0) 
     return codes
 
 
-PROGRESS = """
-SELECT count(*) FILTER (WHERE channel = 'bob'), count(*) FILTER (WHERE channel = 'alice')
-FROM fairqueue.completed_job WHERE final
-"""
-
-WAITS = """
-SELECT channel, count(*),
-       percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - enqueued_at)),
-       max(extract(epoch FROM started_at - enqueued_at))
-FROM fairqueue.completed_job WHERE final AND outcome = 'succeeded'
-GROUP BY channel ORDER BY channel
-"""
-
-ALICE_RUN = """
-SELECT a.worker_id, extract(epoch FROM a.started_at - a.enqueued_at),
-       (SELECT count(*) FROM fairqueue.completed_job c WHERE c.final AND c.started_at < a.started_at) + 1,
-       (SELECT count(*) FROM fairqueue.completed_job c WHERE c.final AND c.channel = 'bob'
-                                                        AND c.started_at > a.started_at)
-FROM fairqueue.completed_job a WHERE a.final AND a.channel = 'alice'
-"""
-
-
-USED = """
-SELECT (SELECT count(*) FROM fairqueue.job),
-       EXISTS (SELECT 1 FROM fairqueue.completed_job),
-       (SELECT count(*) FROM fairqueue.worker)
-"""
-
-
 def _refuse_a_used_queue(conn: psycopg.Connection[Any], url: str) -> None:
     """The demo counts every job and every finished attempt, and its workers must be the only ones:
     it runs on an unused queue only, and never deletes anything."""
-    row = conn.execute(USED).fetchone()
+    row = conn.execute(Q.demo_used).fetchone()
     jobs, history, workers = row if row else (0, False, 0)
     if jobs:
         problem = f"already holds {jobs} job{'' if jobs == 1 else 's'}"
@@ -205,9 +177,9 @@ def _run(database_url: str | None, bob_jobs: int, workers: int, batch: int, job_
             next_line = 0.0
             try:
                 while True:
-                    for worker_id, name in conn.execute("SELECT id, name FROM fairqueue.worker"):
+                    for worker_id, name in conn.execute(Q.demo_workers):
                         names[worker_id] = name
-                    bob, alice = conn.execute(PROGRESS).fetchone() or (0, 0)
+                    bob, alice = conn.execute(Q.demo_progress).fetchone() or (0, 0)
                     line = f"  done {bob + alice:>6,}/{total:,}   bob {bob:>6,}   alice {alice}"
                     if sys.stdout.isatty():
                         print("\r" + line, end="", flush=True)
@@ -234,7 +206,7 @@ def _run(database_url: str | None, bob_jobs: int, workers: int, batch: int, job_
             rate = total / elapsed
             print(f"Drained {total:,} jobs in {elapsed:.1f} s ({rate:,.0f} jobs/s); workers exited with {codes}.")
             print()
-            found = conn.execute(ALICE_RUN).fetchone()
+            found = conn.execute(Q.demo_alice_run).fetchone()
             if found:
                 worker_id, wait, position, bob_left = found
                 print(
@@ -245,7 +217,7 @@ def _run(database_url: str | None, bob_jobs: int, workers: int, batch: int, job_
                 print(f"  A first-in-first-out queue would have run it last, after all {bob_jobs:,} of Bob's.")
             print()
             print("Wait from enqueue to start, per channel:")
-            for channel, n, (p50, p95), worst in conn.execute(WAITS):
+            for channel, n, (p50, p95), worst in conn.execute(Q.demo_waits):
                 print(
                     f"  {channel:<6} {n:>6,} jobs   p50 {_ms(p50):>9}   p95 {_ms(p95):>9}   max {_ms(float(worst)):>9}"
                 )

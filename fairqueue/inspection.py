@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fairqueue import statements as sql
 from fairqueue._db import executor_for
+from fairqueue.sql import Q
 
 #: Where a live job can be. A finished job's status is its final outcome instead.
 LIVE_STATES = ("scheduled", "blocked", "waiting", "ready", "running")
@@ -49,11 +49,11 @@ class JobInfo:
 def get_job(db: object, job_id: int) -> JobInfo | None:
     """The job's current state, result and attempt history; None if no such job."""
     ex = executor_for(db)
-    rows = ex.rows(sql.JOB_STATE, {"id": job_id})
+    rows = ex.rows(Q.job_state, {"id": job_id})
     if not rows:
         return None
     r = rows[0]
-    attempts = [Attempt(*a) for a in ex.rows(sql.JOB_ATTEMPTS, (job_id,))]
+    attempts = [Attempt(*a) for a in ex.rows(Q.job_attempts, (job_id,))]
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -84,4 +84,4 @@ class ChannelInfo:
 
 
 def list_channels(db: object) -> list[ChannelInfo]:
-    return [ChannelInfo(*r) for r in executor_for(db).rows(sql.CHANNEL_STATS)]
+    return [ChannelInfo(*r) for r in executor_for(db).rows(Q.channel_stats)]

@@ -19,9 +19,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fairqueue import statements as sql
+from psycopg import sql
+
 from fairqueue._db import db_error_text, executor_for
 from fairqueue.consumer import ensure_partitions, recover_expired_workers
+from fairqueue.sql import Q
 
 log = logging.getLogger("fairqueue.maintenance")
 
@@ -36,7 +38,7 @@ class MaintenanceReport:
 
 def try_become_maintainer(db: object) -> bool:
     """Takes the maintenance role for this session if nobody holds it (never waits)."""
-    [(got,)] = executor_for(db).rows(sql.MAINTENANCE_LOCK)
+    [(got,)] = executor_for(db).rows(Q.maintenance_lock)
     return bool(got)
 
 
@@ -52,15 +54,15 @@ def vacuum_hot_tables(db: object, min_dead: int = VACUUM_MIN_DEAD) -> list[str]:
     rows) that this role may vacuum; returns their names. ``db`` must be in autocommit mode. Skips a
     table another VACUUM holds instead of waiting for it."""
     ex = executor_for(db)
-    tables = [name for (name,) in ex.rows(sql.HOT_TABLES_TO_VACUUM, (list(HOT_TABLES), min_dead))]
-    for name in tables:  # names from the fixed list above, never from input
-        ex.rows(f"VACUUM (SKIP_LOCKED) fairqueue.{name}")
+    tables = [name for (name,) in ex.rows(Q.hot_tables_to_vacuum, (list(HOT_TABLES), min_dead))]
+    for name in tables:
+        ex.rows(sql.SQL(Q.vacuum_table).format(table=sql.Identifier("fairqueue", name)).as_string())
     return tables
 
 
 def promote_due_jobs(db: object) -> bool:
     """Makes due scheduled jobs ready; True if more are due right away."""
-    [(more,)] = executor_for(db).rows(sql.PROMOTE_DUE_JOBS)
+    [(more,)] = executor_for(db).rows(Q.promote_due_jobs)
     return bool(more)
 
 

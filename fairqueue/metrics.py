@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from fairqueue.errors import ConfigurationError
+from fairqueue.outcomes import WORKER_OUTCOMES
 
 __all__ = ["CONTENT_TYPE", "OTHER_CHANNEL", "OUTCOMES", "SECONDS_BUCKETS", "Metrics", "MetricsServer"]
 
@@ -30,7 +31,7 @@ OTHER_CHANNEL: Final = "_other"
 SECONDS_BUCKETS: Final[tuple[float, ...]] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 )  # fmt: skip
-OUTCOMES: Final = frozenset({"succeeded", "failed", "timed_out", "lost", "cancelled"})
+OUTCOMES: Final = WORKER_OUTCOMES
 
 Labels = tuple[str, ...]
 

@@ -1,17 +1,21 @@
 """Applies fairqueue's Alembic migrations from Python (what ``fairqueue migrate`` runs).
 
 The migration scripts are the repository's top-level ``alembic/`` folder; the wheel ships the same
-folder as ``fairqueue/_alembic``. Each revision executes a versioned SQL file from
-``fairqueue/sql/`` (the one source of the DDL, also wrapped by the Django migrations).
+folder as ``fairqueue/_alembic``. Each revision runs one step of :data:`fairqueue.sql.REVISIONS`
+(:func:`fairqueue.sql.step_sql`: a delta of ``fairqueue/sql/migrations/``, then the revision recorded
+in the schema's comment), exactly as the Django migrations do.
 """
 
 from __future__ import annotations
 
-from importlib import resources
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
+from fairqueue._db import executor_for
 from fairqueue.errors import ConfigurationError
-from fairqueue.urls import resolve
+from fairqueue.sql import HEAD, Direction, Q, installed_revision_of, migration_file, step_sql
+from fairqueue.urls import redact, resolve
 
 #: Alembic table recording fairqueue's revision (kept outside the fairqueue schema so that
 #: downgrading to base, which drops the schema, does not drop it mid-migration).
@@ -30,8 +34,43 @@ def script_location() -> Path:
 
 
 def sql_file(name: str) -> str:
-    """Text of a versioned SQL file shipped in fairqueue/sql/."""
-    return resources.files("fairqueue").joinpath("sql", name).read_text(encoding="utf-8")
+    """Text of a versioned delta file (``v0007_up.sql``), as shipped in fairqueue/sql/migrations/."""
+    return migration_file(name)
+
+
+def alembic_step(revision_id: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``upgrade`` and ``downgrade`` of the Alembic revision ``revision_id``: one step of
+    :func:`fairqueue.sql.step_sql` each (also under ``alembic upgrade --sql``)."""
+
+    def run(direction: Direction) -> None:
+        import sqlalchemy as sa
+
+        from alembic import op
+
+        op.execute(sa.text(step_sql(revision_id, direction)))
+
+    return functools.partial(run, "up"), functools.partial(run, "down")
+
+
+def installed_revision(db: object) -> str | None:
+    """The revision the ``fairqueue`` schema of ``db``'s database records (whichever tool migrated it:
+    ``fairqueue migrate``, the user's own Alembic, Django); None if there is no schema, or it is older
+    than fq0008 (the first revision that records itself)."""
+    [(comment,)] = executor_for(db).rows(Q.schema_comment)
+    return installed_revision_of(comment)
+
+
+def check_schema(db: object, database_url: str, *, needed: str = HEAD) -> str:
+    """The installed revision; raises ConfigurationError, saying what to run, unless it is ``needed``
+    or later (a later one is a newer fairqueue's, migrated ahead of a rolling deploy)."""
+    current = installed_revision(db)
+    if current is None or int(current[2:]) < int(needed[2:]):
+        found = f"at {current}" if current else "not installed (or older than fq0008)"
+        raise ConfigurationError(
+            f"fairqueue's schema in {redact(database_url)} is {found}, and this fairqueue needs {needed}: "
+            "run `fairqueue migrate` first"
+        )
+    return current
 
 
 def _config(url: str) -> object:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from fairqueue import statements as sql
 from fairqueue._db import executor_for
 from fairqueue.cron import CronSchedule
 from fairqueue.errors import ConfigurationError
+from fairqueue.sql import Q
 from fairqueue.tasks import Task
 from fairqueue.validation import check_text, encode_json
 
@@ -154,16 +154,16 @@ class PeriodicRunner:
         ex = executor_for(db)
         for entry in entries.values():
             if self._registered.get(entry.name) != entry.definition:
-                ex.rows(sql.REGISTER_PERIODIC, entry.definition)
+                ex.rows(Q.register_periodic, entry.definition)
                 self._registered[entry.name] = entry.definition
         handled: dict[str, int | None] = {}
-        for name, paused, last_tick, resumed_at, db_now in ex.rows(sql.PERIODIC_STATE, (sorted(entries),)):
+        for name, paused, last_tick, resumed_at, db_now in ex.rows(Q.periodic_state, (sorted(entries),)):
             entry = entries[name]
             current = now or db_now
             if paused:
                 continue
             for tick, fire in self._due(entry, last_tick, current, resumed_at):
-                [(job_id,)] = ex.rows(sql.FIRE_PERIODIC, (name, tick, fire, entry.task.max_attempts))
+                [(job_id,)] = ex.rows(Q.fire_periodic, (name, tick, fire, entry.task.max_attempts))
                 handled[name] = job_id
                 if job_id == 0:
                     log.warning("skipped a missed tick", extra={"schedule": name, "tick": tick.isoformat()})
@@ -191,5 +191,5 @@ class PeriodicRunner:
 
 def pause(db: object, name: str, *, paused: bool = True) -> bool:
     """Pauses (or resumes) a schedule without a deploy; False if there is no such schedule."""
-    [(found,)] = executor_for(db).rows(sql.PAUSE_PERIODIC, (name, paused))
+    [(found,)] = executor_for(db).rows(Q.pause_periodic, (name, paused))
     return bool(found)

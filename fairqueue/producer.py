@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from fairqueue import statements as sql
 from fairqueue._db import Executor, executor_for
 from fairqueue.config import settings
 from fairqueue.errors import DuplicateJobError, InvalidChannelConfigError, InvalidJobError
+from fairqueue.sql import Q
 from fairqueue.validation import (
     MAX_CHANNEL,
     check_after,
@@ -89,7 +89,7 @@ def _check(
 def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
     if not ids:
         return
-    found = {row[0] for row in ex.rows(sql.EXISTING_JOB_IDS, {"ids": sorted(ids)})}
+    found = {row[0] for row in ex.rows(Q.existing_job_ids, {"ids": sorted(ids)})}
     missing = sorted(ids - found)
     if missing:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
@@ -132,7 +132,7 @@ def enqueue(
     if job.after:
         _check_dependencies_exist(ex, set(job.after))
     [(job_id, created)] = ex.rows(
-        sql.ENQUEUE,
+        Q.enqueue,
         (
             job.kind,
             job.args,
@@ -194,7 +194,7 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
         return None if all(v is None for v in values) else values
 
     rows = ex.rows(
-        sql.ENQUEUE_MANY,
+        Q.enqueue_many,
         (
             [j.kind for j in checked],
             [j.args for j in checked],
@@ -237,4 +237,4 @@ def configure_channel(
         rate_text, per_second = parse_rate_limit(rate_limit)
     elif burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
-    executor_for(db).rows(sql.CONFIGURE_CHANNEL, (channel, cap, rate_text, per_second, burst_, weight_, paused_))
+    executor_for(db).rows(Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_))

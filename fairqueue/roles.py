@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 from fairqueue.errors import ConfigurationError
+from fairqueue.sql import Q
 
 Level = Literal["producer", "worker", "admin"]
 
@@ -93,7 +94,7 @@ def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool 
     """Grants (or revokes) ``level``'s rights to an existing role, in the caller's transaction;
     returns the statements run, as text."""
     composed = statements(level, role, revoke=revoke)
-    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+    exists = conn.execute(Q.role_exists, (role,)).fetchone()
     if not exists:
         raise ConfigurationError(
             f"role {role!r} does not exist; create it first, e.g. CREATE ROLE {role} LOGIN PASSWORD '...'"

@@ -8,13 +8,14 @@ so ``json.dumps(collect_status(...))`` is the machine-readable form of exactly w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from fairqueue import statements as sql
 from fairqueue._db import executor_for
+from fairqueue.durations import compact
+from fairqueue.sql import Q
+from fairqueue.text import first_line
 
 #: Longest error text shown per failure in the text view (the first line only).
 ERROR_WIDTH = 80
@@ -43,15 +44,6 @@ def _maybe_int(text: str | None) -> int | str | None:
         return text
 
 
-def _first_line(text: str | None) -> str | None:
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
 def _channel_state(paused: bool, ready: int, running: int) -> str:
     if paused:
         return "paused"
@@ -62,7 +54,7 @@ def collect_channels(db: object) -> list[dict[str, Any]]:
     """One row per channel that has a configuration or live jobs, largest backlog first."""
     channels = []
     for name, ready, scheduled, running, cap, rate, burst, weight, paused, oldest in executor_for(db).rows(
-        sql.STATUS_CHANNELS
+        Q.status_channels
     ):
         channels.append(
             {
@@ -94,12 +86,12 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
     many of the latest failed attempts to list (0 lists none).
     """
     ex = executor_for(db)
-    [(now, waiting)] = ex.rows(sql.STATUS_SNAPSHOT)
+    [(now, waiting)] = ex.rows(Q.status_snapshot)
     channels = collect_channels(ex)
     totals = channel_totals(channels)
 
     history = {"succeeded": 0, "failed": 0, "cancelled": 0, "failed_attempts_retried": 0}
-    for outcome, final, n in ex.rows(sql.STATUS_HISTORY, {"hours": since_hours}):
+    for outcome, final, n in ex.rows(Q.status_history, {"hours": since_hours}):
         if not final:
             history["failed_attempts_retried"] += int(n)
         elif outcome in ("succeeded", "cancelled"):
@@ -108,7 +100,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
             history["failed"] += int(n)
 
     workers = []
-    for wid, name, host, pid, concurrency, started, heartbeat_age, lease_left, running in ex.rows(sql.STATUS_WORKERS):
+    for wid, name, host, pid, concurrency, started, heartbeat_age, lease_left, running in ex.rows(Q.status_workers):
         workers.append(
             {
                 "id": int(wid),
@@ -125,7 +117,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
         )
 
     maintenance: dict[str, Any] = {"held": False}
-    for pid, client_addr, application_name, backend_start in ex.rows(sql.STATUS_MAINTENANCE):
+    for pid, client_addr, application_name, backend_start in ex.rows(Q.status_maintenance):
         maintenance = {
             "held": True,
             "backend_pid": int(pid),
@@ -137,7 +129,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
     failed = []
     if failures > 0:
         for job_id, kind, channel, attempt, outcome, final, finished_at, error in ex.rows(
-            sql.STATUS_FAILURES, {"hours": since_hours, "limit": failures}
+            Q.status_failures, {"hours": since_hours, "limit": failures}
         ):
             failed.append(
                 {
@@ -148,7 +140,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
                     "outcome": outcome,
                     "final": bool(final),
                     "finished_at": _iso(finished_at),
-                    "error": _first_line(error),
+                    "error": first_line(error),
                 }
             )
 
@@ -179,7 +171,7 @@ def collect_periodic(db: object) -> list[dict[str, Any]]:
     out = []
     now = datetime.now(UTC)
     for name, cron, tz, kind, channel, missed, paused, last_tick, last_job, outcome, live in executor_for(db).rows(
-        sql.PERIODIC_LIST
+        Q.periodic_list
     ):
         try:
             since = now if last_tick is None else max(now, _utc(last_tick))
@@ -228,22 +220,7 @@ def render_periodic(entries: Sequence[dict[str, Any]]) -> list[str]:
 # -- rendering -------------------------------------------------------------------------------------
 
 
-def duration(seconds: float | None) -> str:
-    """A short human duration: 0.4s, 12s, 3m05s, 2h10m, 3d04h."""
-    if seconds is None or math.isnan(seconds):
-        return _EMPTY
-    sign = "-" if seconds < 0 else ""
-    s = abs(seconds)
-    if s < 10:
-        return f"{sign}{s:.1f}s"
-    whole = int(s)
-    if whole < 60:
-        return f"{sign}{whole}s"
-    if whole < 3600:
-        return f"{sign}{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{sign}{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{sign}{whole // 86400}d{whole % 86400 // 3600:02d}h"
+duration = compact  # (the name this module has always exported)
 
 
 def _when(iso: str | None) -> str:

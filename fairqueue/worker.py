@@ -43,7 +43,6 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from fairqueue import statements as sql
 from fairqueue._db import db_error_text
 from fairqueue.config import settings
 from fairqueue.consumer import (
@@ -59,7 +58,10 @@ from fairqueue.consumer import (
 from fairqueue.errors import ConfigurationError, UnknownWorkerError
 from fairqueue.maintenance import Maintainer, try_become_maintainer
 from fairqueue.metrics import Metrics
+from fairqueue.migrations import check_schema
+from fairqueue.sql import Q
 from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
+from fairqueue.text import clip
 from fairqueue.urls import redact, to_libpq, to_sqlalchemy
 from fairqueue.validation import WORKER_SECONDS_BOUNDS, check_result, check_text, clean_text
 
@@ -123,16 +125,11 @@ class WorkerConfig:
         return self.lease / 4
 
 
-def _clip(text: str, limit: int, gap: str = "\n[...]\n") -> str:
-    """``text`` cut to its first and last ``limit // 2`` characters when longer than ``limit``."""
-    return text if len(text) <= limit else text[: limit // 2] + gap + text[-(limit // 2) :]
-
-
 def _storable(outcome: Outcome) -> Outcome:
     """The outcome with an error text PostgreSQL can store (see clean_text) and of bounded size."""
     if outcome.error is None:
         return outcome
-    error = clean_text(_clip(outcome.error, 2 * MAX_ERROR_CHARS))
+    error = clean_text(clip(outcome.error, 2 * MAX_ERROR_CHARS))
     return outcome if error is outcome.error else replace(outcome, error=error)
 
 
@@ -354,15 +351,7 @@ class Worker:
 
     def run(self) -> int:
         conn = self._db.get()  # fail fast (with the caller's error handling) if the database is unreachable
-        installed = conn.execute(  # the newest schema change the worker relies on (version 7)
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute "
-            "WHERE attrelid = to_regclass('fairqueue.periodic_schedule') AND attname = 'resumed_at')"
-        ).fetchone()
-        if not installed or not installed[0]:
-            raise ConfigurationError(
-                f"fairqueue is not installed (or not up to date) in {redact(self.config.database_url)}: "
-                "run `fairqueue migrate` first"
-            )
+        check_schema(conn, self.config.database_url)
         self._register()
         log.info(
             "worker started",
@@ -534,7 +523,7 @@ class Worker:
         """When something may be claimable (as a monotonic time): now while a channel is eligible,
         else when the next delayed job or throttled channel becomes due (``default`` if never)."""
         try:
-            row = self._db.conn.execute(sql.NEXT_DUE).fetchone() if self._db.conn else None
+            row = self._db.conn.execute(Q.next_due).fetchone() if self._db.conn else None
         except psycopg.Error:
             return default
         if not row or row[0] is None:
@@ -569,7 +558,7 @@ class Worker:
     def _reconcile(self) -> None:
         worker_id = self.worker_id
         held = self._db.call(
-            "reconcile", lambda c: [row[0] for row in c.execute(sql.HELD_JOBS, (worker_id,))], give_up=lambda: False
+            "reconcile", lambda c: [row[0] for row in c.execute(Q.held_jobs, (worker_id,))], give_up=lambda: False
         )
         with self._pending_ready:
             known = set(self._inflight) | {d.running.job.id for d in self._pending}
@@ -796,7 +785,7 @@ class Worker:
             text = "".join(traceback.format_exception(exc))
         except Exception:
             text = "(no traceback: formatting it failed)"
-        message, text = _clip(message, MAX_ERROR_CHARS, " [...] "), _clip(text, MAX_ERROR_CHARS)
+        message, text = clip(message, MAX_ERROR_CHARS, " [...] "), clip(text, MAX_ERROR_CHARS)
         error = clean_text(f"{type(exc).__name__}: {message}\n\n{text}")
         return Outcome(r.job.id, "failed", error=error, retry_in=self._retry_in(r))
 
@@ -882,7 +871,7 @@ class Worker:
         try:
             encoded = check_result(result, limit=settings.max_result_bytes)
             async with conn.cursor() as cur:
-                await cur.execute(sql.FINISH, (r.worker_id, [r.job.id], ["succeeded"], [encoded], [None], [None]))
+                await cur.execute(Q.finish, (r.worker_id, [r.job.id], ["succeeded"], [encoded], [None], [None]))
                 recorded = await cur.fetchall()
             if not recorded:
                 await conn.rollback()
@@ -1141,8 +1130,7 @@ class Worker:
             try:
                 conn = db.get()
                 if not getattr(conn, "_fq_listening", False):
-                    conn.execute("LISTEN fairqueue")
-                    conn.execute("LISTEN fairqueue_cancel")
+                    conn.execute(Q.listen)
                     conn._fq_listening = True  # type: ignore[attr-defined]
                     self._notified = True  # anything sent while we were not listening
                     self._wake.set()
@@ -1166,9 +1154,7 @@ class Worker:
     def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
         if not self.worker_id:
             return
-        row = conn.execute(
-            sql.HEARTBEAT_WITH_CANCELS, {"worker": self.worker_id, "lease": self.config.lease}
-        ).fetchone()
+        row = conn.execute(Q.worker_heartbeat, {"worker": self.worker_id, "lease": self.config.lease}).fetchone()
         assert row is not None
         alive, cancels = row
         if not alive and not self._stopping.is_set():

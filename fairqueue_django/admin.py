@@ -44,8 +44,8 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString, mark_safe
 
 import fairqueue
-from fairqueue import statements as sql
 from fairqueue.errors import FairqueueError, InvalidChannelConfigError
+from fairqueue.sql import Q as queries
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 from fairqueue_django import conf, views
 from fairqueue_django.models import (
@@ -853,8 +853,8 @@ def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
     db = connections[alias]
     with transaction.atomic(using=alias):
         with db.cursor() as cursor:
-            cursor.execute(sql.CHANNEL_EDIT_LOCK, [name])
-            cursor.execute(sql.CHANNEL_SETTINGS_FOR_UPDATE, [name])
+            cursor.execute(queries.channel_edit_lock, [name])
+            cursor.execute(queries.channel_settings_for_update, [name])
             row = cursor.fetchone()
         current = dict(zip(LIMIT_FIELDS, row if row is not None else (None, None, 1.0, 1, False), strict=True))
         current.update(changes)

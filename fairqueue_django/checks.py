@@ -8,9 +8,10 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
+from fairqueue.migrations import installed_revision
+from fairqueue.sql import HEAD
 from fairqueue_django import conf
 from fairqueue_django.apps import FairqueueConfig
-from fairqueue_django.schema import REVISIONS
 
 MIN_SERVER = 150000
 
@@ -97,19 +98,12 @@ def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
                 id="fairqueue.E004",
             )
         )
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass('fairqueue_alembic_version') IS NOT NULL")
-        installed = cursor.fetchone()[0]
-        current = None
-        if installed:
-            cursor.execute("SELECT version_num FROM fairqueue_alembic_version")
-            row = cursor.fetchone()
-            current = row[0] if row else None
-    if current != REVISIONS[-1] and not _migrations_pending(connection):
+    current = installed_revision(connection)
+    if current != HEAD and not _migrations_pending(connection):
         errors.append(
             checks.Warning(
                 f"fairqueue's schema in database {alias!r} is "
-                + (f"at {current}, not {REVISIONS[-1]}" if current else "not installed"),
+                + (f"at {current}, not {HEAD}" if current else "not installed (or older than fq0008)"),
                 hint="run: python manage.py migrate fairqueue",
                 id="fairqueue.W001",
             )

@@ -21,13 +21,14 @@ from django.db import models
 from django.db.models import Case, Exists, OuterRef, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
+from fairqueue.outcomes import HISTORY_OUTCOMES
 from fairqueue_django import conf
 
 #: Where a live job can be (fairqueue.inspection.LIVE_STATES), in the order the admin lists them.
 JOB_STATUSES = ("ready", "running", "scheduled", "blocked", "waiting")
 
 #: completed_job.outcome (its CHECK constraint).
-OUTCOMES = ("succeeded", "failed", "timed_out", "lost", "cancelled", "dependency_failed")
+OUTCOMES = HISTORY_OUTCOMES
 
 
 def _table(name: str) -> str:

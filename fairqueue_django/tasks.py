@@ -80,6 +80,7 @@ import fairqueue
 from fairqueue.config import settings as fairqueue_settings
 from fairqueue.errors import InvalidJobError
 from fairqueue.inspection import JobInfo
+from fairqueue.sql import Q
 from fairqueue.tasks import Backoff, JobContext, registry
 from fairqueue.tasks import Task as FairqueueTask
 from fairqueue.validation import check_max_attempts, check_result, check_seconds
@@ -112,8 +113,6 @@ CLASS_NOTE = "fairqueue_django.exception_class="
 _CLASS_LINE = re.compile(r"^[ |]*" + re.escape(CLASS_NOTE) + r"(\S+)(?: header=(\d+))?[ \t]*\n?", re.MULTILINE)
 _TRACEBACK_START = re.compile(r"\n\n(?=(?:  \+ Exception Group )?Traceback \(most recent call last\):\n)")
 _LAST_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
-
-RUNNING_STARTED_AT = "SELECT started_at FROM fairqueue.running_job WHERE job_id = %s AND worker_id IS NOT NULL"
 
 
 class FairQueueBackend(BaseTaskBackend):
@@ -235,7 +234,7 @@ class FairQueueBackend(BaseTaskBackend):
         running_started_at = None
         if info.status == "running":
             with connection.cursor() as cursor:
-                cursor.execute(RUNNING_STARTED_AT, [job_id])
+                cursor.execute(Q.django_running_started_at, [job_id])
                 row = cursor.fetchone()
             running_started_at = row[0] if row else None
         # a job that has not run yet and waits for its time: the run_after it was enqueued with

@@ -15,7 +15,9 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
-from fairqueue.status import collect_status, duration
+from fairqueue.durations import compact as duration
+from fairqueue.sql import Q
+from fairqueue.status import collect_status
 
 #: The window of the wait-time percentiles and the outcome counts.
 SINCE_HOURS = 1.0
@@ -24,19 +26,6 @@ CHART_CHANNELS = 25
 TABLE_CHANNELS = 200
 FAILURES = 10
 
-# How long attempts that finished in the window waited in the ready queue (ready_at to started_at),
-# per channel and over all channels (the row whose channel is NULL). The bound on finished_at skips
-# the older day partitions.
-WAIT_PERCENTILES = """
-SELECT channel, grouping(channel) = 1, count(*),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY waited),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY waited)
-FROM (SELECT channel, extract(epoch FROM started_at - ready_at)::double precision AS waited
-      FROM fairqueue.completed_job
-      WHERE finished_at >= now() - %(hours)s::double precision * interval '1 hour'
-        AND started_at IS NOT NULL AND ready_at IS NOT NULL) AS w
-GROUP BY GROUPING SETS ((channel), ())
-"""
 
 # bar chart geometry, in SVG user units
 LABEL_WIDTH = 180
@@ -56,18 +45,18 @@ def _read(alias: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
     with transaction.atomic(using=alias):
         with db.cursor() as cursor:
             if outermost:  # inside a caller's transaction (ATOMIC_REQUESTS) its snapshot rules
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            cursor.execute("SELECT current_setting('TimeZone'), set_config('TimeZone', 'UTC', true)")
+                cursor.execute(Q.snapshot_read_only)
+            cursor.execute(Q.session_time_zone_utc)
             zone = cursor.fetchone()[0]
         try:
             status = collect_status(db, since_hours=SINCE_HOURS, failures=FAILURES)
             with db.cursor() as cursor:
-                cursor.execute(WAIT_PERCENTILES, {"hours": SINCE_HOURS})
+                cursor.execute(Q.django_wait_percentiles, {"hours": SINCE_HOURS})
                 waits = cursor.fetchall()
         finally:
             if not outermost:  # the caller's transaction goes on in its own time zone
                 with db.cursor() as cursor:
-                    cursor.execute("SELECT set_config('TimeZone', %s, true)", [zone])
+                    cursor.execute(Q.session_time_zone, [zone])
     return status, waits
 
 

@@ -42,8 +42,10 @@ def test_wheel_ships_the_migrations_and_sql(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fairqueue/_alembic/env.py" in names
     assert "fairqueue/_alembic/versions/fq0001_initial.py" in names
-    assert "fairqueue/sql/v0001_up.sql" in names
-    assert "fairqueue/sql/v0001_down.sql" in names
+    assert "fairqueue/sql/migrations/v0001_up.sql" in names
+    assert "fairqueue/sql/migrations/v0001_down.sql" in names
+    assert "fairqueue/sql/schema/30_claim.sql" in names  # the current schema, as schema/ defines it
+    assert "fairqueue/sql/queries/consumer.sql" in names  # the named queries
     assert "fairqueue_django/__init__.py" in names
 
 

@@ -3,24 +3,19 @@
 Revision ID: fq0002
 Revises: fq0001
 Create Date: 2026-11-22
+
+The SQL is fairqueue/sql/migrations/v0002_up.sql (and _down.sql), run by
+fairqueue.migrations.alembic_step exactly as the Django migration of the same revision runs it.
 """
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-
-from alembic import op
-from fairqueue.migrations import sql_file
+from fairqueue.migrations import alembic_step
+from fairqueue.sql import previous
 
 revision = "fq0002"
-down_revision = "fq0001"
+down_revision = previous(revision)
 branch_labels = None
 depends_on = None
 
-
-def upgrade() -> None:
-    op.execute(sa.text(sql_file("v0002_up.sql")))
-
-
-def downgrade() -> None:
-    op.execute(sa.text(sql_file("v0002_down.sql")))
+upgrade, downgrade = alembic_step(revision)

@@ -49,10 +49,11 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
+from fairqueue import durations
 from fairqueue.errors import ConfigurationError, FairqueueError
-from fairqueue.spark.report import ReportError, spark_failure, spark_message
-from fairqueue.spark.report import parse_duration as report_duration_seconds
+from fairqueue.spark.report import spark_failure, spark_message
 from fairqueue.spark.session import jdbc_target, spark_session
+from fairqueue.sql import Q
 from fairqueue.urls import redact, to_libpq
 
 if TYPE_CHECKING:
@@ -113,12 +114,6 @@ CANONICAL_FIELDS = (
     ("finished_at", "time"),
 )
 
-# what the JDBC read selects: jsonb as text, so the archive holds exactly what the SQL checksum hashed
-_SELECT = (
-    "job_id, attempt, outcome, final, kind, channel, args::text AS args, result::text AS result, error, "
-    "worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at"
-)
-
 
 class ArchiveError(FairqueueError):
     """Archiving stopped; the history it was working on is still in PostgreSQL."""
@@ -138,14 +133,12 @@ def parse_duration(text: str | timedelta, *, what: str = "--older-than") -> time
         delta = text
     else:
         stripped = str(text).strip()
-        if not re.search(r"[A-Za-z]$", stripped):
+        if not durations.has_unit(stripped):
             raise InvalidDurationError(
                 f"{what} {text!r} is not a duration: give a number and a unit, e.g. 30m, 12h, 7d or 2w"
             )
         try:
-            delta = timedelta(seconds=report_duration_seconds(stripped, what=what))
-        except ReportError as exc:
-            raise InvalidDurationError(str(exc)) from None
+            delta = timedelta(seconds=durations.parse_seconds(stripped, what=what, error=InvalidDurationError))
         except OverflowError:
             raise InvalidDurationError(f"{what} {text!r} is too long") from None
     if delta <= timedelta(0):
@@ -194,17 +187,17 @@ def _sql_row_hash() -> str:
     return f"('x' || substr(md5(convert_to({canonical}, 'UTF8')), 1, 15))::bit(60)::bigint"
 
 
-#: count and checksum per outcome of a table (``{table}``: a checked partition name)
-SQL_FINGERPRINTS = (
-    f"SELECT outcome, count(*), coalesce(sum({_sql_row_hash()}), 0) FROM fairqueue.{{table}} GROUP BY outcome"
-)
+def _history_table(table: str) -> sql.Identifier:
+    """``fairqueue.<table>`` for a history table's name (completed_job or one of its partitions)."""
+    if not re.fullmatch(r"completed_job(_p\d{8}|_default)?", table):
+        raise ValueError(f"not a history table: {table!r}")
+    return sql.Identifier("fairqueue", table)
 
 
 def sql_fingerprints(conn: psycopg.Connection[Any], table: str) -> Fingerprints:
     """Count and checksum of each outcome in ``fairqueue.<table>``, computed by PostgreSQL."""
-    if not re.fullmatch(r"completed_job(_p\d{8}|_default)?", table):
-        raise ValueError(f"not a history table: {table!r}")
-    rows = conn.execute(SQL_FINGERPRINTS.format(table=table)).fetchall()
+    statement = sql.SQL(Q.history_fingerprints).format(row_hash=sql.SQL(_sql_row_hash()), table=_history_table(table))
+    rows = conn.execute(statement).fetchall()
     return {str(outcome): Fingerprint(int(n), int(s)) for outcome, n, s in rows}
 
 
@@ -368,11 +361,11 @@ def _with_archive_id(conn: psycopg.Connection[Any], part: _Partition) -> _Partit
         return part
     comment = (part.comment + "\n" if part.comment else "") + f"fairqueue-archive-id:{uuid.uuid4().hex}"
     with conn.transaction():
-        (oid,) = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f"fairqueue.{part.table}",)).fetchone() or (None,)
+        (oid,) = conn.execute(Q.history_partition_oid, (part.table,)).fetchone() or (None,)
         if oid != part.oid:
             raise ArchiveError(f"{part.table} was dropped and created again while it was being archived; run again")
         conn.execute(
-            sql.SQL("COMMENT ON TABLE {} IS {}").format(sql.Identifier("fairqueue", part.table), sql.Literal(comment))
+            sql.SQL(Q.history_comment_partition).format(table=_history_table(part.table), comment=sql.Literal(comment))
         )
     return replace(part, comment=comment)
 
@@ -400,10 +393,7 @@ class _Source:
 
 
 def _source(conn: psycopg.Connection[Any]) -> _Source:
-    row = conn.execute(
-        "SELECT (SELECT system_identifier::text FROM pg_control_system()), oid::bigint, datname "
-        "FROM pg_database WHERE datname = current_database()"
-    ).fetchone()
+    row = conn.execute(Q.archive_source_database).fetchone()
     assert row is not None
     return _Source(system_identifier=str(row[0] or ""), oid=int(row[1]), name=str(row[2]))
 
@@ -414,13 +404,7 @@ def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Pa
     Only partitions named ``completed_job_pYYYYMMDD`` whose bounds are exactly that UTC day (as
     ``ensure_completed_partitions`` makes them); anything else attached by hand is left alone.
     """
-    rows = conn.execute(
-        """
-        SELECT c.relname, c.oid::bigint, pg_get_expr(c.relpartbound, c.oid), obj_description(c.oid, 'pg_class')
-        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'fairqueue.completed_job'::regclass
-        """
-    ).fetchall()
+    rows = conn.execute(Q.history_partitions).fetchall()
     found = []
     for name, oid, bounds, comment in rows:
         match = _PARTITION.fullmatch(name)
@@ -434,9 +418,7 @@ def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Pa
         if end > cutoff:
             continue
         # printed by the server, like pg_get_expr, so the session's TimeZone and DateStyle do not matter
-        (expected,) = conn.execute(
-            "SELECT format('FOR VALUES FROM (%%L) TO (%%L)', %s::timestamptz, %s::timestamptz)", (start, end)
-        ).fetchone() or ("",)
+        (expected,) = conn.execute(Q.history_day_bounds, (start, end)).fetchone() or ("",)
         if bounds != expected:
             log.warning("fairqueue archive: %s does not cover exactly its UTC day (%s); left alone", name, bounds)
             continue
@@ -445,9 +427,7 @@ def _old_partitions(conn: psycopg.Connection[Any], cutoff: datetime) -> list[_Pa
 
 
 def _old_default_rows(conn: psycopg.Connection[Any], cutoff: datetime) -> tuple[int, date | None]:
-    row = conn.execute(
-        "SELECT count(*), min(finished_at) FROM fairqueue.completed_job_default WHERE finished_at < %s", (cutoff,)
-    ).fetchone()
+    row = conn.execute(Q.history_old_default_rows, (cutoff,)).fetchone()
     if not row or not row[0]:
         return 0, None
     return int(row[0]), row[1].astimezone(UTC).date()
@@ -502,9 +482,8 @@ def _read_partition(
 ) -> DataFrame:
     """The partition over JDBC: one read per ``rows_per_read`` rows (at most MAX_READS), split on job_id."""
     reads = max(1, min(MAX_READS, -(-rows // rows_per_read)))
-    options = jdbc_target(database_url).options(
-        dbtable=f"(SELECT {_SELECT} FROM fairqueue.{table}) AS history", fetchsize=10_000
-    )
+    rows_of = sql.SQL(Q.history_partition_rows).format(table=_history_table(table)).as_string()
+    options = jdbc_target(database_url).options(dbtable=rows_of, fetchsize=10_000)
     if reads > 1 and bounds[1] > bounds[0]:
         # Spark's first and last ranges are open-ended: every row is read whatever the bounds
         options |= {
@@ -657,7 +636,8 @@ def _archive_partition(
     started = time.monotonic()
     with psycopg.connect(database_url, autocommit=True, application_name=APPLICATION) as conn:
         source = sql_fingerprints(conn, part.table)
-        low, high = conn.execute(f"SELECT min(job_id), max(job_id) FROM fairqueue.{part.table}").fetchone() or (0, 0)
+        range_of_ids = sql.SQL(Q.history_job_id_range).format(table=_history_table(part.table))
+        low, high = conn.execute(range_of_ids).fetchone() or (0, 0)
         if total(source).rows:
             part = _with_archive_id(conn, part)  # before any file is written: a re-run finds them by it
     whole = total(source)
@@ -716,14 +696,14 @@ def _drop_partition(database_url: str, part: _Partition, archived: Fingerprints,
     table = part.table
     try:
         with psycopg.connect(database_url, application_name=APPLICATION) as conn, conn.transaction():
-            conn.execute(f"SET LOCAL lock_timeout = '{max(1, int(lock_timeout * 1000))}ms'")
+            conn.execute(Q.history_lock_timeout, (f"{max(1, int(lock_timeout * 1000))}ms",))
             # Attempts are recorded with the time they finished, so nothing should insert into a past
             # day; but a finish that straddled midnight, or a hand-made INSERT, can. SHARE blocks
             # writers until the drop commits and waits for those in flight; then recount: rows the
             # copy does not have abort the drop. (Writers waiting on the partition afterwards are
             # routed to completed_job_default once it is gone.)
-            conn.execute(f"LOCK TABLE fairqueue.{table} IN SHARE MODE")
-            (oid,) = conn.execute("SELECT to_regclass(%s)::oid::bigint", (f"fairqueue.{table}",)).fetchone() or (None,)
+            conn.execute(sql.SQL(Q.history_lock_partition).format(table=_history_table(table)))
+            (oid,) = conn.execute(Q.history_partition_oid, (table,)).fetchone() or (None,)
             if oid != part.oid:
                 raise ArchiveError(f"{table} was dropped and created again while it was being archived; run again")
             now = sql_fingerprints(conn, table)
@@ -732,8 +712,8 @@ def _drop_partition(database_url: str, part: _Partition, archived: Fingerprints,
                     f"{table} changed while it was being archived ({total(archived)} archived, {total(now)} now): "
                     "it stays in PostgreSQL; run the archive again"
                 )
-            conn.execute(f"ALTER TABLE fairqueue.completed_job DETACH PARTITION fairqueue.{table}")
-            conn.execute(f"DROP TABLE fairqueue.{table}")
+            conn.execute(sql.SQL(Q.history_detach_partition).format(table=_history_table(table)))
+            conn.execute(sql.SQL(Q.history_drop_partition).format(table=_history_table(table)))
     except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
         raise ArchiveError(
             f"the lock to drop {table} was not granted within {lock_timeout:g} s (a long transaction on "
@@ -774,7 +754,7 @@ def archive_history(
     except psycopg.OperationalError as exc:
         raise ConfigurationError(f"cannot connect to the database {redact(url)}: {exc}".strip()) from None
     with conn:
-        row = conn.execute("SELECT now() - %s::interval, pg_try_advisory_lock(%s, %s)", (age, *LOCK_KEY)).fetchone()
+        row = conn.execute(Q.archive_lock, (age, *LOCK_KEY)).fetchone()
         assert row is not None
         cutoff, locked = row
         if not locked:

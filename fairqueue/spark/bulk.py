@@ -40,6 +40,7 @@ from fairqueue import bulk
 from fairqueue.bulk import BulkEnqueueError
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
+from fairqueue.sql import Q
 from fairqueue.urls import redact, resolve
 from fairqueue.validation import MAX_CHANNEL, MAX_NAME, check_max_attempts, check_seconds, check_text
 
@@ -324,9 +325,7 @@ def _reason(exc: BaseException) -> str:
 
 def _ledger(url: str, run_id: str) -> tuple[int, int]:
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*), coalesce(sum(jobs), 0) FROM fairqueue.bulk_batch WHERE run_id = %s", (run_id,)
-        ).fetchone()
+        row = conn.execute(Q.bulk_run_ledger, (run_id,)).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 
@@ -335,10 +334,7 @@ def _check_database(url: str) -> None:
     """Fails early, before any Spark work, when the database cannot take a bulk run from us."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=30) as conn:
-            row = conn.execute(
-                "SELECT p IS NOT NULL, p IS NOT NULL AND has_function_privilege(p, 'EXECUTE') "
-                "FROM (SELECT to_regproc('fairqueue.enqueue_batch') AS p) AS f"
-            ).fetchone()
+            row = conn.execute(Q.bulk_enqueue_allowed).fetchone()
     except psycopg.OperationalError as exc:
         raise ConfigurationError(f"cannot connect to the database {redact(url)}: {str(exc).strip()}") from None
     assert row is not None
@@ -363,9 +359,7 @@ def _begin(url: str, run_id: str, kind: str, rows: int, fingerprint: str, batch_
     """Starts or resumes the run; a run keeps the layout (buckets, batch size) of its first call."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT buckets, batch_size, fingerprint, finished_at, batches, jobs "
-            "FROM fairqueue.begin_bulk_run(%s, %s, %s, %s, %s, %s)",
-            (run_id, kind, rows, fingerprint, buckets_for(rows, batch_size), batch_size),
+            Q.begin_bulk_run, (run_id, kind, rows, fingerprint, buckets_for(rows, batch_size), batch_size)
         ).fetchone()
     assert row is not None
     buckets, stored_batch_size, stored_fingerprint, finished_at, batches, jobs = row
@@ -578,7 +572,7 @@ def enqueue_dataframe(
     finally:
         sc.setJobDescription(None)  # type: ignore[arg-type]
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT fairqueue.finish_bulk_run(%s)", (run_id,))
+        conn.execute(Q.finish_bulk_run, (run_id,))
     earlier = [d for d in done if d[3]]
     now = [d for d in done if not d[3]]
     result = BulkRunResult(

@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -58,12 +56,18 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from psycopg import sql
+
+from fairqueue import durations
 from fairqueue.errors import FairqueueError
+from fairqueue.outcomes import HISTORY_OUTCOMES
+from fairqueue.sql import Q
+from fairqueue.text import one_line
 
 DataFrame = Any  # pyspark.sql.DataFrame; PySpark is optional, so it is imported where it is used
 SparkSession = Any
 
-OUTCOMES = ("succeeded", "failed", "timed_out", "lost", "cancelled", "dependency_failed")
+OUTCOMES = HISTORY_OUTCOMES
 # the archive's columns the report reads, with the type each is read as
 COLUMNS: dict[str, str] = {
     "job_id": "bigint",
@@ -98,24 +102,10 @@ class ReportError(FairqueueError, ValueError):
 
 # -- parsing the options --------------------------------------------------------------------------------
 
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_UNITS["w"] = 7 * _UNITS["d"]
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|ms|sec|min|s|m|h|d|w)?", re.IGNORECASE)
-
 
 def parse_duration(text: str | float, *, what: str = "duration") -> float:
-    """Seconds in ``text``: a number with a unit (``500ms``, ``30s``, ``15m``, ``1h``, ``7d``, ``2w``) or
-    plain seconds. Raises :class:`ReportError` unless it is finite and greater than zero."""
-    if isinstance(text, int | float):
-        seconds = float(text)
-    else:
-        match = _DURATION.fullmatch(text.strip())
-        if match is None:
-            raise ReportError(f"{what} {text!r} is not a duration such as 30s, 15m, 1h or 7d")
-        seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
-    if not 0 < seconds < math.inf:
-        raise ReportError(f"{what} must be greater than zero, got {text!r}")
-    return seconds
+    """Seconds in ``text`` (see :func:`fairqueue.durations.parse_seconds`); raises :class:`ReportError`."""
+    return durations.parse_seconds(text, what=what, error=ReportError)
 
 
 def parse_when(text: str | datetime, *, now: datetime | None = None, what: str = "time") -> datetime:
@@ -127,7 +117,7 @@ def parse_when(text: str | datetime, *, now: datetime | None = None, what: str =
     stripped = text.strip()
     if stripped.lower() == "now":
         return now
-    if _DURATION.fullmatch(stripped) and re.search(r"[a-zA-Z]$", stripped):
+    if durations.DURATION.fullmatch(stripped) and durations.has_unit(stripped):
         return now - timedelta(seconds=parse_duration(stripped, what=what))
     try:
         when = datetime.fromisoformat(stripped)
@@ -139,12 +129,7 @@ def parse_when(text: str | datetime, *, now: datetime | None = None, what: str =
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def format_duration(seconds: float) -> str:
-    """``3600.0`` -> ``1h``; the shortest exact form with one unit."""
-    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and float(seconds / size).is_integer():
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds * 1000:g}ms"
+format_duration = durations.exact
 
 
 def _micros(when: datetime) -> int:
@@ -197,8 +182,7 @@ class Report:
 
 
 def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(part.strip() for part in str(text).splitlines()[:3] if part.strip())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return one_line(text, max_lines=3, limit=limit)
 
 
 def spark_message(exc: BaseException) -> str:
@@ -323,19 +307,9 @@ def _read_live(spark: SparkSession, database_url: str, since: datetime | None) -
     from fairqueue.urls import redact
 
     target = jdbc_target(database_url)
-    where = f" WHERE finished_at >= '{since.astimezone(UTC).isoformat()}'::timestamptz" if since else ""
+    bounds_query = sql.SQL(Q.history_live_bounds).format(since=sql.Literal(since or "-infinity")).as_string()
     try:
-        bounds = (
-            spark.read.format("jdbc")
-            .options(
-                **target.options(
-                    query="SELECT min(job_id) AS lo, max(job_id) AS hi, count(*) AS n"
-                    f" FROM fairqueue.completed_job{where}"
-                )
-            )
-            .load()
-            .first()
-        )
+        bounds = spark.read.format("jdbc").options(**target.options(query=bounds_query)).load().first()
     except Exception as exc:
         raise ReportError(
             f"cannot read fairqueue.completed_job from {redact(database_url)}: {spark_message(exc)}"
@@ -347,7 +321,7 @@ def _read_live(spark: SparkSession, database_url: str, since: datetime | None) -
         spark.read.format("jdbc")
         .options(
             **target.options(
-                dbtable="fairqueue.completed_job",
+                dbtable=Q.history_live_rows,
                 partitionColumn="job_id",
                 lowerBound=int(bounds["lo"]),
                 upperBound=int(bounds["hi"]) + 1,
@@ -1166,7 +1140,8 @@ def _spark_errors() -> Iterator[None]:
 
 def headline(summary: dict[str, Any]) -> list[str]:
     """The headline figures, as the command prints them."""
-    from fairqueue.spark.report_html import fmt_duration, fmt_number, fmt_rate, fmt_throughput, fmt_time
+    from fairqueue.durations import readable as fmt_duration
+    from fairqueue.spark.report_html import fmt_number, fmt_rate, fmt_throughput, fmt_time
 
     return [
         f"period {fmt_time(summary['period_start'])} .. {fmt_time(summary['period_end'])}: "
@@ -1205,7 +1180,7 @@ def check_live_database(database_url: str) -> None:
         url = psycopg.conninfo.make_conninfo(url, connect_timeout=10)
     try:
         with psycopg.connect(url, autocommit=True, application_name="fairqueue report") as conn:
-            conn.execute("SELECT 1 FROM fairqueue.completed_job LIMIT 0")
+            conn.execute(Q.history_readable)
     except psycopg.OperationalError as exc:
         raise ReportError(f"cannot connect to the database {shown}: {_one_line(str(exc))}") from None
     except psycopg.Error as exc:

@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import Any
 
+from fairqueue.durations import readable, significant
+
 # Tableau 10 without its grey, which marks "other"
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 OTHER_COLOR = "#a5a5a5"
@@ -23,32 +25,6 @@ LEFT, RIGHT, TOP, BOTTOM = 72, 24, 28, 34
 
 
 # -- formatting -----------------------------------------------------------------------------------------
-
-
-def _sig(value: float, digits: int = 3) -> str:
-    """``value`` with ``digits`` significant digits, never in exponent form."""
-    if value == 0 or not math.isfinite(value):
-        return "0" if value == 0 else str(value)
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
-    text = f"{value:.{decimals}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = float(seconds)
-    if abs(s) < 1e-3:
-        return f"{_sig(s * 1e6)} µs" if s else "0 ms"
-    if abs(s) < 1:
-        return f"{_sig(s * 1000)} ms"
-    if abs(s) < 60:
-        return f"{_sig(s)} s"
-    if abs(s) < 3600:
-        return f"{_sig(s / 60)} min"
-    if abs(s) < 2 * 86400:
-        return f"{_sig(s / 3600)} h"
-    return f"{_sig(s / 86400)} d"
 
 
 def fmt_rate(rate: float | None) -> str:
@@ -64,17 +40,17 @@ def fmt_number(value: float | None, digits: int = 3) -> str:
         return "-"
     if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1000):
         return f"{int(value):,}"
-    return _sig(float(value), digits)
+    return significant(float(value), digits)
 
 
 def fmt_throughput(per_second: float | None) -> str:
     if per_second is None:
         return "-"
     if per_second >= 1 or per_second == 0:
-        return f"{_sig(per_second)} jobs/s"
+        return f"{significant(per_second)} jobs/s"
     if per_second * 60 >= 1:
-        return f"{_sig(per_second * 60)} jobs/min"
-    return f"{_sig(per_second * 3600)} jobs/h"
+        return f"{significant(per_second * 60)} jobs/min"
+    return f"{significant(per_second * 3600)} jobs/h"
 
 
 def fmt_time(when: datetime | None) -> str:
@@ -208,7 +184,7 @@ def _wait_chart(page: dict[str, Any], groups: _Groups) -> str:
         v = max(float(value), 10.0**a)
         return TOP + (1 - (math.log10(v) - a) / (b - a)) * frame.plot_h
 
-    ticks = [(y(t), fmt_duration(t)) for t in _LOG_TICKS if 10.0**a * 0.999 <= t <= 10.0**b * 1.001]
+    ticks = [(y(t), readable(t)) for t in _LOG_TICKS if 10.0**a * 0.999 <= t <= 10.0**b * 1.001]
     out = frame.open("queue wait per channel over time")
     out += frame.y_grid(ticks, "queue wait (log scale)")
     out += frame.time_axis()
@@ -216,7 +192,7 @@ def _wait_chart(page: dict[str, Any], groups: _Groups) -> str:
     out.append(f'<line class="threshold" x1="{LEFT}" y1="{ty:.1f}" x2="{LEFT + frame.plot_w}" y2="{ty:.1f}"/>')
     out.append(
         f'<text class="threshold-label" x="{LEFT + frame.plot_w - 4}" y="{ty - 5:.1f}">starvation threshold '
-        f"{fmt_duration(threshold)}</text>"
+        f"{readable(threshold)}</text>"
     )
     radius = 3 if len(axis) <= 60 else 2 if len(axis) <= 120 else 1.2
     for series, dash in (("wait_p95_s", ' stroke-dasharray="6 4"'), ("wait_p50_s", "")):
@@ -235,7 +211,7 @@ def _wait_chart(page: dict[str, Any], groups: _Groups) -> str:
                 fill = color if series == "wait_p50_s" else "#fff"
                 tip = (
                     f"{groups.label(group)} · {fmt_time(_when(start))}\n"
-                    f"queue wait {'p50' if series == 'wait_p50_s' else 'p95'}: {fmt_duration(value)}"
+                    f"queue wait {'p50' if series == 'wait_p50_s' else 'p95'}: {readable(value)}"
                     f" ({row['started']} started)"
                 )
                 dots.append(
@@ -385,10 +361,10 @@ def _channels_table(page: dict[str, Any], groups: _Groups) -> str:
         ]
         for col in ("wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s"):
             value = r[col]
-            cells.append(_cell(col, value, fmt_duration(value), bad=value is not None and value > threshold))
+            cells.append(_cell(col, value, readable(value), bad=value is not None and value > threshold))
         cells += [
-            _cell("run_p50_s", r["run_p50_s"], fmt_duration(r["run_p50_s"])),
-            _cell("run_p95_s", r["run_p95_s"], fmt_duration(r["run_p95_s"])),
+            _cell("run_p50_s", r["run_p50_s"], readable(r["run_p50_s"])),
+            _cell("run_p95_s", r["run_p95_s"], readable(r["run_p95_s"])),
             _cell("failure_rate", r["failure_rate"], fmt_rate(r["failure_rate"]), bad=(r["failure_rate"] or 0) > 0.05),
             _cell("retry_rate", r["retry_rate"], fmt_rate(r["retry_rate"]), bad=(r["retry_rate"] or 0) > 0.1),
             _cell(
@@ -413,9 +389,9 @@ def _kinds_table(page: dict[str, Any]) -> str:
             _name_cell(r["kind"], None),
             _cell("jobs", r["jobs"], fmt_number(r["jobs"])),
             _cell("share_of_jobs", r["share_of_jobs"], fmt_rate(r["share_of_jobs"])),
-            _cell("wait_p95_s", r["wait_p95_s"], fmt_duration(r["wait_p95_s"])),
-            _cell("run_p50_s", r["run_p50_s"], fmt_duration(r["run_p50_s"])),
-            _cell("run_p95_s", r["run_p95_s"], fmt_duration(r["run_p95_s"])),
+            _cell("wait_p95_s", r["wait_p95_s"], readable(r["wait_p95_s"])),
+            _cell("run_p50_s", r["run_p50_s"], readable(r["run_p50_s"])),
+            _cell("run_p95_s", r["run_p95_s"], readable(r["run_p95_s"])),
             _cell("failure_rate", r["failure_rate"], fmt_rate(r["failure_rate"]), bad=(r["failure_rate"] or 0) > 0.05),
             _cell("retry_rate", r["retry_rate"], fmt_rate(r["retry_rate"]), bad=(r["retry_rate"] or 0) > 0.1),
         ]
@@ -433,14 +409,14 @@ def _starvation_table(page: dict[str, Any], groups: _Groups) -> str:
     for r in page["starvation"]:
         color = groups.color.get(r["channel"], OTHER_COLOR)
         cells = [
-            _cell("wait_s", r["wait_s"], fmt_duration(r["wait_s"]), bad=True),
+            _cell("wait_s", r["wait_s"], readable(r["wait_s"]), bad=True),
             _name_cell(r["channel"], color),
             _cell("job_id", r["job_id"], str(r["job_id"])),
             _cell("attempt", r["attempt"], str(r["attempt"])),
             f'<td class="l">{escape(r["kind"])}</td>',
             _cell("waiting_since", _iso(r["waiting_since"]), fmt_time(_when(r["waiting_since"]))),
             _cell("started_at", _iso(r["started_at"]), fmt_time(_when(r["started_at"]))),
-            _cell("queue_wait_s", r["queue_wait_s"], fmt_duration(r["queue_wait_s"])),
+            _cell("queue_wait_s", r["queue_wait_s"], readable(r["queue_wait_s"])),
             _cell("other_channels_served", r["other_channels_served"], str(r["other_channels_served"])),
             f'<td class="l">{escape(r["outcome"])}</td>',
         ]
@@ -470,7 +446,7 @@ def _findings(page: dict[str, Any]) -> list[str]:
         worst = slow[0]
         found.append(
             f"Slowest channel: <b>{escape(worst['channel'])}</b>, p95 queue wait "
-            f"<b>{fmt_duration(worst['wait_p95_s'])}</b> (all channels: {fmt_duration(s['wait_p95_s'])})."
+            f"<b>{readable(worst['wait_p95_s'])}</b> (all channels: {readable(s['wait_p95_s'])})."
         )
     fair = [r for r in page["fairness"] if r["jain_index"] is not None and r["backlogged_channels"] > 1]
     if fair:
@@ -491,12 +467,12 @@ def _findings(page: dict[str, Any]) -> list[str]:
         top = page["starvation"][0]
         found.append(
             f"Starvation: {s['starvation_incidents']:,} incident(s) in {s['starved_channels']} channel(s); the worst, "
-            f"job {top['job_id']} of <b>{escape(top['channel'])}</b>, waited <b>{fmt_duration(top['wait_s'])}</b> "
+            f"job {top['job_id']} of <b>{escape(top['channel'])}</b>, waited <b>{readable(top['wait_s'])}</b> "
             f"while {top['other_channels_served']} other channel(s) were served."
         )
     else:
         found.append(
-            f"No starvation: no channel's head job waited over {fmt_duration(page['threshold_seconds'])} while "
+            f"No starvation: no channel's head job waited over {readable(page['threshold_seconds'])} while "
             "other channels were served."
         )
     return found
@@ -551,34 +527,34 @@ def render_html(page: dict[str, Any]) -> str:
     s = page["summary"]
     groups = _Groups(page["groups"], page["other_channels"])
     threshold = float(page["threshold_seconds"])
-    window = fmt_duration(page["window_seconds"])
-    chart_window = fmt_duration(page["chart_window_seconds"])
+    window = readable(page["window_seconds"])
+    chart_window = readable(page["chart_window_seconds"])
     sources = escape(page["source"]) + (
         f" + live table of {escape(page['live_database'])}" if page.get("live_database") else ""
     )
     kpis = [
         _kpi("jobs", s["jobs"], fmt_number(s["jobs"]), f"jobs finished · {fmt_number(s['attempts'])} attempts"),
         _kpi("throughput_per_s", s["throughput_per_s"], fmt_throughput(s["throughput_per_s"]), "average throughput"),
-        _kpi("wait_p50_s", s["wait_p50_s"], fmt_duration(s["wait_p50_s"]), "queue wait p50"),
+        _kpi("wait_p50_s", s["wait_p50_s"], readable(s["wait_p50_s"]), "queue wait p50"),
         _kpi(
             "wait_p95_s",
             s["wait_p95_s"],
-            fmt_duration(s["wait_p95_s"]),
+            readable(s["wait_p95_s"]),
             "queue wait p95",
             bad=(s["wait_p95_s"] or 0) > threshold,
         ),
         _kpi(
             "wait_p99_s",
             s["wait_p99_s"],
-            fmt_duration(s["wait_p99_s"]),
+            readable(s["wait_p99_s"]),
             "queue wait p99",
             bad=(s["wait_p99_s"] or 0) > threshold,
         ),
         _kpi(
             "run_p95_s",
             s["run_p95_s"],
-            fmt_duration(s["run_p95_s"]),
-            f"run time p95 · p50 {fmt_duration(s['run_p50_s'])}",
+            readable(s["run_p95_s"]),
+            f"run time p95 · p50 {readable(s['run_p50_s'])}",
         ),
         _kpi(
             "failure_rate",
@@ -639,7 +615,7 @@ def render_html(page: dict[str, Any]) -> str:
         '<section id="fairness-chart"><h2>Fairness over time</h2>'
         '<p class="note">Jain\'s index of the throughput of the channels that were backlogged in the window '
         "(had a job waiting over "
-        + fmt_duration(page.get("backlog_tolerance_seconds", 1.0))
+        + readable(page.get("backlog_tolerance_seconds", 1.0))
         + "): 1 when they were served equally, whatever the channels that were not kept waiting got. A window where "
         "no channel was kept waiting scores 1. The index over every active channel's share of the jobs is in the "
         "fairness_windows table (share_jain_index).</p>" + _fairness_chart(page) + "</section>",
@@ -649,10 +625,10 @@ def render_html(page: dict[str, Any]) -> str:
             if shown_channels < s["channels"]
             else "Every channel, by p95 queue wait."
         )
-        + f" Red: waits over the starvation threshold ({fmt_duration(threshold)}), failure rate over 5%, "
+        + f" Red: waits over the starvation threshold ({readable(threshold)}), failure rate over 5%, "
         "retry rate over 10%.</p>"
         f'<div class="scroll">{_channels_table(page, groups)}</div></section>',
-        f'<section><h2>Starvation incidents</h2><p class="note">Jobs that waited over {fmt_duration(threshold)} '
+        f'<section><h2>Starvation incidents</h2><p class="note">Jobs that waited over {readable(threshold)} '
         "at the head of their channel (from when they were ready or the channel's previous job started, whichever "
         "is later) while at least one other channel had an attempt start. A job deep in a backlog that is being "
         "served is not starved. "

@@ -1,4 +1,4 @@
-"""fairqueue schema version 1 (fairqueue/sql/v0001_up.sql; Alembic revision fq0001)."""
+"""fairqueue schema version 1 (fairqueue/sql/migrations/v0001_up.sql; Alembic revision fq0001)."""
 
 from django.db import migrations
 

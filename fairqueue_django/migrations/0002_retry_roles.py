@@ -1,4 +1,4 @@
-"""fairqueue schema version 2 (fairqueue/sql/v0002_up.sql; Alembic revision fq0002)."""
+"""fairqueue schema version 2 (fairqueue/sql/migrations/v0002_up.sql; Alembic revision fq0002)."""
 
 from django.db import migrations
 

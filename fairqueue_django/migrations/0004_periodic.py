@@ -1,4 +1,4 @@
-"""fairqueue schema version 3 (fairqueue/sql/v0003_up.sql; Alembic revision fq0003): periodic schedules."""
+"""fairqueue schema version 3 (fairqueue/sql/migrations/v0003_up.sql; Alembic revision fq0003): periodic schedules."""
 
 from django.db import migrations
 

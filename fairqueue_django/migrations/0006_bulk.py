@@ -1,4 +1,4 @@
-"""fairqueue schema version 4 (fairqueue/sql/v0004_up.sql; Alembic revision fq0004): bulk enqueue ledger."""
+"""fairqueue schema version 4 (fairqueue/sql/migrations/v0004_up.sql; Alembic revision fq0004): bulk enqueue ledger."""
 
 from django.db import migrations
 

@@ -1,4 +1,4 @@
-"""fairqueue schema version 5 (fairqueue/sql/v0005_up.sql; Alembic revision fq0005): the maintenance
+"""fairqueue schema version 5 (fairqueue/sql/migrations/v0005_up.sql; Alembic revision fq0005): the maintenance
 role's intake notifies idle workers."""
 
 from django.db import migrations

@@ -1,4 +1,4 @@
-"""fairqueue schema version 6 (fairqueue/sql/v0006_up.sql; Alembic revision fq0006): claims share a
+"""fairqueue schema version 6 (fairqueue/sql/migrations/v0006_up.sql; Alembic revision fq0006): claims share a
 busy channel instead of waiting for its row, and finish skips follow-ups nothing needs."""
 
 from django.db import migrations

@@ -1,4 +1,4 @@
-"""fairqueue schema version 7 (fairqueue/sql/v0007_up.sql; Alembic revision fq0007): ticks that fell
+"""fairqueue schema version 7 (fairqueue/sql/migrations/v0007_up.sql; Alembic revision fq0007): ticks that fell
 due while a periodic schedule was paused stay missed after it is resumed, and a claim never shares a
 channel whose limits configure_channel is changing."""
 

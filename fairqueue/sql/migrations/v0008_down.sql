@@ -1,0 +1,2 @@
+-- fairqueue schema, revision fq0008 down: nothing to undo (the comment is rewritten to fq0007 after
+-- this step, as after every step).

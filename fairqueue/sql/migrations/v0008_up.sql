@@ -1,0 +1,7 @@
+-- fairqueue schema, revision fq0008: the schema records its revision.
+--
+-- From this revision on, every migration step (Alembic's and Django's alike) ends by writing the
+-- revision it leaves the schema at into the schema's comment (fairqueue.sql.step_sql), so a worker
+-- or a check can tell the schema's revision whichever tool migrated it, including a project's own
+-- Alembic environment with its own version table. This delta itself changes no table or function:
+-- the comment is written after it.

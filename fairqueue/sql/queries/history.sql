@@ -1,0 +1,74 @@
+-- The history pipeline (fairqueue/spark/): archiving day partitions of completed_job to Parquet, and
+-- reading the live history for reports. Statements with {placeholders} are composed with psycopg.sql
+-- (Identifiers and Literals) before they are sent, or handed to Spark's JDBC reader.
+
+-- name: archive_lock
+-- The cutoff, and whether this run is the database's one archive run (session-level lock).
+SELECT now() - %s::interval, pg_try_advisory_lock(%s, %s)
+
+-- name: archive_source_database
+-- The database a copy comes from: its cluster's system identifier, its oid and its name.
+SELECT (SELECT system_identifier::text FROM pg_control_system()), oid::bigint, datname
+FROM pg_database WHERE datname = current_database()
+
+-- name: history_partitions
+-- The partitions of completed_job, with their bounds and comments.
+SELECT c.relname, c.oid::bigint, pg_get_expr(c.relpartbound, c.oid), obj_description(c.oid, 'pg_class')
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'fairqueue.completed_job'::regclass
+
+-- name: history_day_bounds
+-- The bounds of one day's partition as ensure_completed_partitions writes them, printed by the server
+-- like pg_get_expr, so the session's TimeZone and DateStyle do not matter.
+SELECT format('FOR VALUES FROM (%%L) TO (%%L)', %s::timestamptz, %s::timestamptz)
+
+-- name: history_old_default_rows
+SELECT count(*), min(finished_at) FROM fairqueue.completed_job_default WHERE finished_at < %s
+
+-- name: history_partition_oid
+-- The oid of a table of the fairqueue schema (NULL: none of that name).
+SELECT to_regclass(format('fairqueue.%%I', %s::text))::oid::bigint
+
+-- name: history_comment_partition
+COMMENT ON TABLE {table} IS {comment}
+
+-- name: history_job_id_range
+SELECT min(job_id), max(job_id) FROM {table}
+
+-- name: history_fingerprints
+-- Count and checksum per outcome of a history table; {row_hash} is the canonical row hash that the
+-- Spark side computes too (fairqueue/spark/archive.py).
+SELECT outcome, count(*), coalesce(sum({row_hash}), 0) FROM {table} GROUP BY outcome
+
+-- name: history_partition_rows
+-- What the archive's JDBC read selects from a partition: jsonb as text, so the archive holds exactly
+-- what the SQL checksum hashed.
+(SELECT job_id, attempt, outcome, final, kind, channel, args::text AS args, result::text AS result, error,
+        worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at
+ FROM {table}) AS history
+
+-- name: history_lock_timeout
+SELECT set_config('lock_timeout', %s, true)
+
+-- name: history_lock_partition
+-- Blocks writers of the partition until the drop commits, and waits for those in flight.
+LOCK TABLE {table} IN SHARE MODE
+
+-- name: history_detach_partition
+ALTER TABLE fairqueue.completed_job DETACH PARTITION {table}
+
+-- name: history_drop_partition
+DROP TABLE {table}
+
+-- name: history_readable
+-- Fails when the history table cannot be read by this role (or is missing).
+SELECT 1 FROM fairqueue.completed_job LIMIT 0
+
+-- name: history_live_bounds
+-- job_id bounds and rows of the live history since {since} (a timestamptz Literal), for partitioned
+-- JDBC reads.
+SELECT min(job_id) AS lo, max(job_id) AS hi, count(*) AS n FROM fairqueue.completed_job WHERE finished_at >= {since}
+
+-- name: history_live_rows
+-- The live history as a JDBC table; Spark pushes its filters down into it.
+(SELECT * FROM fairqueue.completed_job) AS live

@@ -1,0 +1,37 @@
+-- Reading jobs and channels (fairqueue/inspection.py).
+
+-- name: job_state
+-- Where a job is now. Exactly one branch matches a live job; a finished job has its latest final row
+-- (a job retried by an operator after it ended has one final row per time it ended).
+SELECT j.id, j.kind, j.channel, j.args::text, j.max_attempts, j.created_at,
+       CASE WHEN r.worker_id IS NOT NULL THEN 'running'
+            WHEN r.job_id IS NOT NULL THEN 'ready'
+            WHEN d.job_id IS NOT NULL THEN 'blocked'
+            WHEN f.job_id IS NOT NULL THEN 'waiting'
+            ELSE 'scheduled' END,
+       coalesce(r.attempt, s.attempt, 0), r.worker_id, s.run_at, NULL::text, NULL::text, NULL::timestamptz
+FROM fairqueue.job j
+LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
+LEFT JOIN fairqueue.scheduled_job s ON s.job_id = j.id
+LEFT JOIN fairqueue.fifo_waiting f ON f.job_id = j.id
+LEFT JOIN LATERAL (SELECT job_id FROM fairqueue.job_dependency WHERE job_id = j.id LIMIT 1) d ON true
+WHERE j.id = %(id)s
+UNION ALL
+(SELECT c.job_id, c.kind, c.channel, c.args::text, NULL, c.enqueued_at, c.outcome, c.attempt, c.worker_id, NULL,
+        c.result::text, c.error, c.finished_at
+ FROM fairqueue.completed_job c
+ WHERE c.job_id = %(id)s AND c.final
+   AND NOT EXISTS (SELECT 1 FROM fairqueue.job WHERE id = %(id)s)
+ ORDER BY c.finished_at DESC, c.attempt DESC
+ LIMIT 1)
+
+-- name: job_attempts
+SELECT attempt, outcome, final, error, worker_id, started_at, finished_at
+FROM fairqueue.completed_job WHERE job_id = %s ORDER BY attempt, finished_at
+
+-- name: channel_stats
+SELECT c.name, c.weight, c.max_concurrency, c.rate_limit, c.paused, c.active,
+       (SELECT count(*) FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NOT NULL),
+       (SELECT count(*) FROM fairqueue.running_job r WHERE r.channel = c.name AND r.worker_id IS NULL)
+FROM fairqueue.channel c
+ORDER BY c.name

@@ -1,0 +1,186 @@
+-- fairqueue's schema as it is today: the tables and their indexes.
+--
+-- The files of this folder are the current definition of every object of the schema, in the order
+-- they are created; fairqueue/sql/migrations/ holds the versioned deltas that brought existing
+-- databases here. tests/migrations/test_schema_files.py proves that running these files and running
+-- every delta give the same catalog (columns, indexes, constraints, function bodies, privileges,
+-- comments). To change the schema: edit the file here, and write the delta that does the same to an
+-- existing database (docs/migrations.md, "Writing a new revision"). docs/design.md explains how the
+-- tables serve the invariants.
+
+CREATE SCHEMA IF NOT EXISTS fairqueue;
+
+------------------------------------------------------------------------------------------------
+-- Tables
+--
+-- The hot tables churn like any queue (rows are written once and deleted soon after); they get
+-- aggressive autovacuum settings so dead tuples do not pile up in front of the next claim.
+------------------------------------------------------------------------------------------------
+
+-- A channel is a tenant's virtual queue: the unit of fairness and of limits.
+-- Producers never write here (they would serialise on the row); workers do, in short transactions.
+CREATE TABLE fairqueue.channel (
+    name             text PRIMARY KEY,
+    weight           integer NOT NULL DEFAULT 1,
+    max_concurrency  integer,
+    rate_limit       text,
+    rate_per_second  double precision,
+    rate_burst       double precision NOT NULL DEFAULT 1,
+    paused           boolean NOT NULL DEFAULT false,
+    -- true while the channel may have ready jobs; cleared by a claimer that finds none
+    active           boolean NOT NULL DEFAULT false,
+    -- jobs of this channel claimed and not yet finished: the exact count behind max_concurrency
+    running          integer NOT NULL DEFAULT 0,
+    -- start-time fair queueing: each claimed job adds 1/weight; the lowest vtime is served first
+    vtime            double precision NOT NULL DEFAULT 0,
+    -- when a claim last served the channel; breaks ties in vtime (least recently served first)
+    served_at        timestamptz NOT NULL DEFAULT '1970-01-01 00:00:00+00',
+    -- token bucket for rate_per_second, refilled lazily at claim time
+    tokens           double precision NOT NULL DEFAULT 1,
+    tokens_at        timestamptz NOT NULL DEFAULT now(),
+    throttled_until  timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    eligible         boolean GENERATED ALWAYS AS (
+        active AND NOT paused AND throttled_until IS NULL
+        AND (max_concurrency IS NULL OR running < max_concurrency)) STORED,
+    CONSTRAINT channel_name_check CHECK (length(name) BETWEEN 1 AND 200),
+    CONSTRAINT channel_weight_check CHECK (weight BETWEEN 1 AND 1000),
+    CONSTRAINT channel_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
+    CONSTRAINT channel_rate_check CHECK (
+        (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
+    CONSTRAINT channel_burst_check CHECK (rate_burst >= 1),
+    CONSTRAINT channel_running_check CHECK (running >= 0)
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+-- The claim walks this index in fair order: least service first, ties to the least recently
+-- served (round-robin). Channels with nothing to do are not in it.
+CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, served_at, name) WHERE eligible;
+CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE throttled_until IS NOT NULL;
+
+-- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
+-- (its history then lives in completed_job), never updated. It churns like running_job (a row per
+-- job, deleted when it ends), so it is vacuumed as eagerly.
+CREATE TABLE fairqueue.job (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind             text NOT NULL,
+    channel          text NOT NULL,
+    args             jsonb NOT NULL DEFAULT '{}'::jsonb,
+    max_attempts     integer NOT NULL DEFAULT 3,
+    timeout_seconds  double precision,
+    unique_key       text,
+    fifo_key         text,
+    depends_on       bigint[],
+    run_at           timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    CONSTRAINT job_kind_check CHECK (length(kind) BETWEEN 1 AND 255),
+    CONSTRAINT job_channel_check CHECK (length(channel) BETWEEN 1 AND 200),
+    CONSTRAINT job_args_check CHECK (jsonb_typeof(args) = 'object'),
+    CONSTRAINT job_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT job_timeout_check CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
+    CONSTRAINT job_unique_key_check CHECK (unique_key IS NULL OR length(unique_key) BETWEEN 1 AND 255),
+    CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255)
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+-- One live job per unique key; the key is free again once the job has ended.
+CREATE UNIQUE INDEX job_unique_key_idx ON fairqueue.job (unique_key) WHERE unique_key IS NOT NULL;
+
+-- The hot set: jobs runnable now (worker_id IS NULL) or running. Small rows, few indexes.
+CREATE TABLE fairqueue.running_job (
+    job_id            bigint PRIMARY KEY,
+    channel           text NOT NULL,
+    attempt           integer NOT NULL DEFAULT 0,
+    worker_id         bigint,
+    ready_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
+    started_at        timestamptz,
+    cancel_requested  boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+-- Head of each channel's ready queue: (channel, job_id) order is FIFO within the channel.
+CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, job_id) WHERE worker_id IS NULL;
+CREATE INDEX running_job_worker_idx ON fairqueue.running_job (worker_id) WHERE worker_id IS NOT NULL;
+
+-- Staging: jobs that cannot run yet. Bookkeeping happens here so the claim stays free of conditions.
+-- Due at run_at: future jobs, retries waiting out their backoff, and new jobs with depends_on or
+-- fifo_key (the worker side places those, because only it can do so without racing).
+CREATE TABLE fairqueue.scheduled_job (
+    job_id   bigint PRIMARY KEY,
+    channel  text NOT NULL,
+    run_at   timestamptz NOT NULL,
+    attempt  integer NOT NULL DEFAULT 0
+) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000);
+CREATE INDEX scheduled_job_run_at_idx ON fairqueue.scheduled_job (run_at);
+
+-- A job blocked until each depends_on job has succeeded.
+CREATE TABLE fairqueue.job_dependency (
+    job_id      bigint NOT NULL,
+    depends_on  bigint NOT NULL,
+    PRIMARY KEY (job_id, depends_on)
+);
+CREATE INDEX job_dependency_depends_on_idx ON fairqueue.job_dependency (depends_on);
+
+-- FIFO keys: the holder is the one job of the key that may be ready/running/retrying;
+-- the others wait in id order.
+CREATE TABLE fairqueue.fifo_holder (
+    fifo_key  text PRIMARY KEY,
+    job_id    bigint NOT NULL
+);
+CREATE TABLE fairqueue.fifo_waiting (
+    job_id    bigint PRIMARY KEY,
+    fifo_key  text NOT NULL
+);
+CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (fifo_key, job_id);
+
+-- Written by a producer only when its channel may be idle; consumed by the next claim, which reads
+-- it through its key: a sequential scan would read every page a past burst left behind.
+CREATE TABLE fairqueue.channel_wakeup (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel     text NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
+
+-- Virtual time owed by channels that a claim served without holding their row (a "shared take",
+-- schema/30_claim.sql). Insert-only for the claim; the next claim that can lock the channel's row
+-- adds the debt to its vtime (_pay_debts). Every access goes by id, so there is no other index.
+CREATE TABLE fairqueue.channel_debt (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel  text NOT NULL,
+    vtime    double precision NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
+
+-- A worker process. Its lease is extended by heartbeats; when it expires, the maintenance role
+-- re-runs the worker's jobs (schema/50_workers.sql). Jobs refer to workers by id, without a foreign
+-- key, so removing a worker never rewrites job rows.
+CREATE TABLE fairqueue.worker (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name              text NOT NULL,
+    info              jsonb NOT NULL DEFAULT '{}'::jsonb,
+    started_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    heartbeat_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    lease_expires_at  timestamptz NOT NULL
+);
+
+-- One row per finished attempt. Partitioned by finish day, then by outcome, so old history is
+-- detached or dropped instead of deleted. The default partitions mean no insert can fail.
+CREATE TABLE fairqueue.completed_job (
+    job_id       bigint NOT NULL,
+    attempt      integer NOT NULL,
+    outcome      text NOT NULL,
+    final        boolean NOT NULL,
+    kind         text NOT NULL,
+    channel      text NOT NULL,
+    args         jsonb,
+    result       jsonb,
+    error        text,
+    worker_id    bigint,
+    unique_key   text,
+    fifo_key     text,
+    enqueued_at  timestamptz NOT NULL,
+    ready_at     timestamptz,
+    started_at   timestamptz,
+    finished_at  timestamptz NOT NULL,
+    CONSTRAINT completed_job_pkey PRIMARY KEY (job_id, attempt, outcome, finished_at),
+    CONSTRAINT completed_job_outcome_check CHECK (
+        outcome IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled', 'dependency_failed'))
+) PARTITION BY RANGE (finished_at);
+
+CREATE TABLE fairqueue.completed_job_default PARTITION OF fairqueue.completed_job DEFAULT;

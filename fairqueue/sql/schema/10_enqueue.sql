@@ -1,0 +1,270 @@
+-- Enqueue: the producer's side. Inserts only; never writes a row another producer can write, and
+-- never waits for a lock anyone holds for long (invariant 2 of docs/design.md).
+--
+-- A new job is a row in job plus, when it can run now, a row in running_job (the hot set the claim
+-- reads); a job with run_at, depends_on or a fifo_key goes to scheduled_job instead, and a worker
+-- places it (schema/20_intake.sql). Whether a worker will look at the job's channel after commit is
+-- _wake_channel's business: the no-lost-wake-up protocol.
+
+-- Makes sure a worker will look at p_channel after this transaction commits (no lost wake-ups).
+--
+-- Under READ COMMITTED the producer takes a shared advisory lock on the channel (shared locks never
+-- block each other) and reads the channel: if it is active, a claimer cannot mark it idle until this
+-- transaction ends (it needs the exclusive lock, see _idle_channels), so nothing is written.
+-- Otherwise, and under REPEATABLE READ or SERIALIZABLE (whose snapshot may predate the channel going
+-- idle), it leaves a wakeup row that becomes visible exactly when the job does, and notifies.
+--
+-- Either way the channel is then covered until the transaction ends, so the transaction remembers
+-- it (md5 of the name in a transaction-local setting, which a rolled-back savepoint also undoes)
+-- and later enqueues into it do nothing more: one wakeup per channel per transaction at most.
+--
+-- Only a wakeup row is notified: at commit a NOTIFY takes a database-wide lock, so notifying every
+-- enqueue queued every producer's commit behind the others' and woke every listener per job. A
+-- worker whose claim came back short asks next_due() instead, which answers 0 while a channel is
+-- eligible, and claims again within milliseconds.
+CREATE FUNCTION fairqueue._wake_channel(p_channel text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key   text := md5(p_channel);
+    v_done  text := coalesce(current_setting('fairqueue.covered_channels', true), '');
+    v_locks integer;
+BEGIN
+    IF strpos(v_done, v_key) > 0 THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- bound the advisory locks one transaction can hold (shared lock table)
+        v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+        IF v_locks < 64 THEN
+            PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
+            PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+            IF EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = p_channel AND active) THEN
+                PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
+    PERFORM pg_notify('fairqueue', '');
+    IF length(v_done) < 256 * 33 THEN  -- remember up to 256 channels
+        PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+    END IF;
+END $$;
+
+-- Worker-side code that makes jobs ready outside a claim (finish follow-ups, release, cancel)
+-- reports their channels the way producers do: with wakeup rows. The next claim's intake, which
+-- runs before it picks channels and never waits for a lock, activates them.
+CREATE FUNCTION fairqueue._wake_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_names IS NULL OR cardinality(p_names) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO fairqueue.channel_wakeup (channel)
+    SELECT DISTINCT n FROM unnest(p_names) AS n WHERE n IS NOT NULL;
+    PERFORM pg_notify('fairqueue', '');
+END $$;
+
+-- One job. Returns its id and whether it was created: false when an unfinished job of the same
+-- unique key exists, whose id is returned instead. The caller (fairqueue.enqueue) has validated every
+-- value; the table constraints are the last line.
+CREATE FUNCTION fairqueue.enqueue(
+    p_kind             text,
+    p_args             jsonb DEFAULT '{}'::jsonb,
+    p_channel          text DEFAULT 'default',
+    p_run_at           timestamptz DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_timeout_seconds  double precision DEFAULT NULL,
+    p_unique_key       text DEFAULT NULL,
+    p_fifo_key         text DEFAULT NULL,
+    p_depends_on       bigint[] DEFAULT NULL,
+    OUT job_id         bigint,
+    OUT created        boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: kind must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_channel IS NULL OR length(p_channel) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'fairqueue: channel must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
+        RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF cardinality(p_depends_on) = 0 THEN
+        p_depends_on := NULL;
+    END IF;
+
+    IF p_unique_key IS NULL THEN
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
+                                   run_at, created_at)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
+                p_run_at, v_now)
+        RETURNING id INTO job_id;
+    ELSE
+        -- Only producers of the same unique key wait on each other here: that is what the key asks for.
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
+                p_depends_on, p_run_at, v_now)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id INTO job_id;
+        IF job_id IS NULL THEN
+            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.unique_key = p_unique_key;
+            IF job_id IS NULL THEN
+                RAISE EXCEPTION 'fairqueue: the job holding unique key % ended concurrently; retry', p_unique_key
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+            created := false;
+            RETURN;
+        END IF;
+    END IF;
+    created := true;
+
+    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
+        IF p_run_at IS NULL OR p_run_at <= v_now THEN
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    ELSE
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (job_id, p_channel, 0, v_now);
+        PERFORM fairqueue._wake_channel(p_channel);
+    END IF;
+END $$;
+
+-- Many jobs in one statement. Arrays are parallel (one element per job); a NULL array means
+-- "default for every job". Returns one row per input position: the job id and whether it was
+-- created (false: an unfinished job already held its unique key, and that job's id is returned).
+CREATE FUNCTION fairqueue.enqueue_many(
+    p_kinds            text[],
+    p_args             jsonb[] DEFAULT NULL,
+    p_channels         text[] DEFAULT NULL,
+    p_run_ats          timestamptz[] DEFAULT NULL,
+    p_max_attempts     integer[] DEFAULT NULL,
+    p_timeouts         double precision[] DEFAULT NULL,
+    p_unique_keys      text[] DEFAULT NULL,
+    p_fifo_keys        text[] DEFAULT NULL,
+    p_depends_on       jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord bigint, job_id bigint, created boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_kinds), 0);
+    v_new      bigint[];
+    v_pos      bigint[];
+    v_channels text[];
+    v_channel  text;
+    v_sched    integer;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_args), v_n) <> v_n OR coalesce(cardinality(p_channels), v_n) <> v_n
+       OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
+       OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
+       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    WITH input AS (
+        SELECT u.ord AS pos,
+               nextval('fairqueue.job_id_seq'::regclass) AS id,
+               u.kind,
+               coalesce(u.channel, 'default') AS channel,
+               coalesce(u.args, '{}'::jsonb) AS args,
+               u.run_at,
+               coalesce(u.max_attempts, 3) AS max_attempts,
+               u.timeout_seconds,
+               u.unique_key,
+               u.fifo_key,
+               CASE WHEN jsonb_array_length(u.depends_on) > 0
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on
+        FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
+                    p_fifo_keys, p_depends_on)
+             WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
+                                  fifo_key, depends_on, ord)
+    ),
+    inserted AS (
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at)
+        OVERRIDING SYSTEM VALUE
+        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now
+        FROM input
+        ORDER BY pos
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ),
+    placed AS (
+        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)) AS staged
+        FROM input i JOIN inserted USING (id)
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+        SELECT id, channel, 0, v_now FROM placed WHERE NOT staged ORDER BY id
+        RETURNING channel
+    ),
+    staged AS (
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged
+        RETURNING run_at
+    )
+    SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
+           (SELECT array_agg(pos ORDER BY pos) FROM placed),
+           (SELECT array_agg(DISTINCT channel) FROM ready),
+           (SELECT count(*) FROM staged WHERE run_at <= v_now)
+    INTO v_new, v_pos, v_channels, v_sched;
+
+    IF v_channels IS NOT NULL THEN
+        IF cardinality(v_channels) <= 64 AND current_setting('transaction_isolation') = 'read committed' THEN
+            -- few channels: the same check as a single enqueue, so busy channels need no wakeup row
+            FOREACH v_channel IN ARRAY v_channels LOOP
+                PERFORM fairqueue._wake_channel(v_channel);
+            END LOOP;
+        ELSE
+            -- one wakeup per channel, not per job
+            INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    END IF;
+    IF v_sched > 0 THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+
+    RETURN QUERY
+        SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
+        FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
+        LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
+        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job WHERE n.id IS NULL AND unique_key = u.unique_key LIMIT 1) AS j
+            ON true
+        WHERE p_unique_keys IS NOT NULL
+        UNION ALL
+        SELECT n.pos, n.id, true
+        FROM unnest(v_pos, v_new) AS n(pos, id)
+        WHERE p_unique_keys IS NULL;
+END $$;
+
+-- Which of the given ids are jobs, live or finished: a producer checks `after=` with it before
+-- writing anything (the producer role reads no table directly).
+CREATE FUNCTION fairqueue.existing_job_ids(p_ids bigint[])
+RETURNS SETOF bigint
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT id FROM fairqueue.job WHERE id = ANY (p_ids)
+    UNION
+    SELECT job_id FROM fairqueue.completed_job WHERE job_id = ANY (p_ids) AND final
+$$;

@@ -1,0 +1,181 @@
+-- Intake: what turns staged work into ready work, at the start of every claim (and on the
+-- maintenance role's tick, for channels no claim is looking at). It consumes producers' wakeup rows,
+-- places due scheduled jobs (delayed jobs, retries after their backoff, and new jobs with
+-- dependencies or a FIFO key, which only a worker can place without racing), and lifts expired
+-- throttles. Nothing here waits for a lock: rows another transaction holds are skipped and their
+-- work stays for the next claim.
+
+-- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles. Called at the
+-- start of every claim (and by promote_due_jobs).
+CREATE FUNCTION fairqueue._intake(p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_wake    text[];
+    v_place   bigint[];
+    v_id      bigint;
+    v_channel text;
+BEGIN
+    WITH woken AS (
+        DELETE FROM fairqueue.channel_wakeup
+        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING channel
+    ),
+    due AS (
+        DELETE FROM fairqueue.scheduled_job s
+        WHERE s.job_id = ANY (ARRAY(
+            SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
+            ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING s.job_id, s.channel, s.attempt
+    ),
+    classified AS (
+        SELECT d.job_id, d.channel, d.attempt,
+               (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
+        FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
+        SELECT job_id, channel, attempt, p_now FROM classified WHERE NOT needs_placement ORDER BY job_id
+        RETURNING channel
+    )
+    SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
+    INTO v_wake, v_place;
+
+    IF v_place IS NOT NULL THEN
+        FOREACH v_id IN ARRAY v_place LOOP
+            v_channel := fairqueue._place(v_id, p_now);
+            IF v_channel IS NOT NULL THEN
+                v_wake := array_append(v_wake, v_channel);
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- Mark woken channels active and lift expired throttles. Rows another transaction holds are
+    -- skipped, never waited for (it may be a configure_channel inside a long transaction): their
+    -- wakeups go back in the table for the next claim. A claimer marking one idle right now holds
+    -- it, so its wakeup is retried after that claimer is done, and wins.
+    WITH lockable AS (
+        SELECT c.name FROM fairqueue.channel c
+        WHERE c.name = ANY (ARRAY(
+            SELECT unnest(v_wake)
+            UNION
+            (SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000)))
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    vnow AS (
+        SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible
+    ),
+    created AS (
+        INSERT INTO fairqueue.channel (name, active, vtime)
+        SELECT n, true, coalesce((SELECT v FROM vnow), 0)
+        FROM unnest(v_wake) AS n
+        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = n)
+        ORDER BY n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING name
+    ),
+    updated AS (
+        UPDATE fairqueue.channel c
+        SET active = c.active OR coalesce(c.name = ANY (v_wake), false),
+            throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
+            -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
+            -- one leaving a throttle earned no credit while it waited
+            vtime = CASE WHEN NOT c.active AND c.name = ANY (v_wake) THEN coalesce((SELECT v FROM vnow), c.vtime)
+                         WHEN c.throttled_until <= p_now THEN greatest(c.vtime, coalesce((SELECT v FROM vnow), c.vtime))
+                         ELSE c.vtime END
+        WHERE c.name = ANY (ARRAY(SELECT name FROM lockable))
+          AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now)
+    )
+    INSERT INTO fairqueue.channel_wakeup (channel)
+    SELECT n FROM unnest(v_wake) AS n
+    WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+-- First placement of a job that has depends_on or a fifo_key. Returns the channel if it became ready.
+CREATE FUNCTION fairqueue._place(p_job_id bigint, p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job      fairqueue.job%ROWTYPE;
+    v_dep      bigint;
+    v_outcome  text;
+    v_blocked  boolean := false;
+BEGIN
+    SELECT * INTO v_job FROM fairqueue.job WHERE id = p_job_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF v_job.depends_on IS NOT NULL THEN
+        FOR v_dep IN SELECT DISTINCT d FROM unnest(v_job.depends_on) AS d ORDER BY d LOOP
+            -- While we hold this lock the dependency cannot be deleted (finished); if it is being
+            -- finished now, we wait and then find it gone.
+            PERFORM 1 FROM fairqueue.job WHERE id = v_dep FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.job_dependency (job_id, depends_on) VALUES (p_job_id, v_dep)
+                ON CONFLICT DO NOTHING;
+                v_blocked := true;
+                CONTINUE;
+            END IF;
+            SELECT outcome INTO v_outcome FROM fairqueue.completed_job
+            WHERE job_id = v_dep AND final ORDER BY finished_at DESC LIMIT 1;
+            IF v_outcome IS DISTINCT FROM 'succeeded' THEN
+                DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
+                PERFORM fairqueue._wake_channels(fairqueue._finalize(
+                    ARRAY[p_job_id], ARRAY[0], ARRAY['dependency_failed'], ARRAY[NULL::jsonb],
+                    ARRAY[CASE WHEN v_outcome IS NULL THEN format('dependency %s does not exist', v_dep)
+                               ELSE format('dependency %s ended with outcome %s', v_dep, v_outcome) END],
+                    ARRAY[NULL::bigint], ARRAY[NULL::timestamptz], ARRAY[NULL::timestamptz], p_now));
+                RETURN NULL;
+            END IF;
+        END LOOP;
+        IF v_blocked THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now);
+END $$;
+
+-- Places a job whose dependencies have all succeeded: it takes its FIFO key or waits for it, or
+-- becomes ready. Returns the channel if the job became ready.
+CREATE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key) VALUES (p_job_id, p_fifo_key);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (p_job_id, p_channel, 0, p_now);
+    RETURN p_channel;
+END $$;
+
+-- The maintenance role's intake, for when every worker is busy or idle: consumes wakeup rows and
+-- due scheduled jobs exactly as a claim's intake does, and notifies the workers whenever it took
+-- anything in (a wakeup it won against an idle worker's claim would otherwise wait for the next
+-- poll). It does nothing at all, and notifies no one, when there is nothing to do. Returns whether
+-- more is due right away.
+CREATE FUNCTION fairqueue.promote_due_jobs()
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
+END $$;

@@ -1,0 +1,356 @@
+-- The claim: one round trip hands a worker up to p_limit jobs, fairly across channels.
+--
+-- Channels are served in weighted round-robin (start-time fair queueing): each served job adds
+-- 1/weight to its channel's vtime, and the claim walks channel_eligible_idx (vtime, served_at, name)
+-- from the least-served channel, so it never reads the backlog, only the heads of the channels it
+-- serves. Caps and rate limits are exact: a capped channel's running count and a rate-limited
+-- channel's token bucket live in its channel row, which the claim holds (FOR NO KEY UPDATE SKIP
+-- LOCKED) until it commits. docs/design.md shows the plan at 1,000,000 queued jobs
+-- (docs/claim-plan.txt) and why each invariant holds.
+--
+-- Plan discipline for every hot function here: big tables are only reached by key, through
+-- `= ANY (array)` or a `LATERAL (... LIMIT n)` probe, never by a join the planner could turn into a
+-- sequential scan.
+
+-- Adds the debts in channel_debt to the virtual time of the channels that owe them. Rows another
+-- transaction holds (a claim serving the channel right now) are skipped, never waited for; their
+-- debts stay for a later claim. The locks taken here are the caller's for the rest of its claim.
+CREATE FUNCTION fairqueue._pay_debts()
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH owed AS (
+        SELECT d.id, d.channel FROM fairqueue.channel_debt d ORDER BY d.id LIMIT 1000
+    ),
+    payable AS (
+        SELECT c.name FROM fairqueue.channel c
+        WHERE c.name = ANY (ARRAY(SELECT DISTINCT o.channel FROM owed o))
+        ORDER BY c.name
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    paid AS (
+        DELETE FROM fairqueue.channel_debt d
+        WHERE d.id = ANY (ARRAY(SELECT o.id FROM owed o WHERE o.channel IN (SELECT p.name FROM payable p)))
+        RETURNING d.channel, d.vtime
+    )
+    UPDATE fairqueue.channel c SET vtime = c.vtime + s.vtime
+    FROM (SELECT p.channel, sum(p.vtime) AS vtime FROM paid p GROUP BY p.channel) AS s
+    WHERE c.name = s.channel;
+END $$;
+
+-- Called by a claimer for channels that yielded fewer jobs than it asked for: marks them idle, but
+-- only those it can take the exclusive advisory lock of (a producer under READ COMMITTED holds it
+-- shared while it relies on the channel being active), and only if a fresh snapshot still finds no
+-- ready job. The "no ready job left" check probes the next index entry: NOT EXISTS could be planned
+-- as a scan over the table, which reads every dead row a fast drain leaves behind.
+CREATE FUNCTION fairqueue._idle_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_free text[] := '{}';
+BEGIN
+    FOREACH v_name IN ARRAY p_names LOOP
+        -- A producer inside an open transaction holds the shared lock and may be adding a job we
+        -- cannot see yet: then the channel stays active.
+        IF pg_try_advisory_xact_lock(1718681601, hashtext(v_name)) THEN
+            v_free := v_free || v_name;
+        END IF;
+    END LOOP;
+    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
+    UPDATE fairqueue.channel c SET active = false
+    WHERE c.name = ANY (v_free) AND c.active
+      AND (SELECT r.job_id FROM fairqueue.running_job r
+           WHERE r.channel = c.name AND r.worker_id IS NULL
+           ORDER BY r.channel, r.job_id LIMIT 1) IS NULL;
+END $$;
+
+-- Waits (briefly, bounded by lock_timeout) for the best eligible channel that another claimer holds
+-- right now, instead of returning an empty batch while work exists. Returns true once it holds it.
+CREATE FUNCTION fairqueue._wait_for_busy_channel(p_skip text[])
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT name INTO v_name FROM fairqueue.channel
+    WHERE eligible AND name <> ALL (p_skip) ORDER BY vtime, served_at, name LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        PERFORM 1 FROM fairqueue.channel WHERE name = v_name FOR NO KEY UPDATE;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+-- Claims up to p_limit ready jobs for a worker in one round trip, interleaving channels in
+-- weighted round-robin order, within each channel's concurrency cap and rate limit. Rows come back
+-- in service order.
+--
+-- Each round: intake; pay the debts of shared takes; lock the eligible channels with the lowest
+-- vtime (SKIP LOCKED); take each one's next jobs (its share of the batch, within its cap and
+-- tokens); charge vtime and idle the channels that ran dry. A claimer that finds every eligible
+-- channel held by other claims takes the next jobs of a held channel that has neither a cap nor a
+-- rate limit (those need the row for their exact counts): a "shared take". Its job rows are locked
+-- one by one with SKIP LOCKED, so two claims never take the same job, and the vtime it would have
+-- charged is written to channel_debt. A shared take never touches a channel whose settings
+-- configure_channel is changing (it takes their lock shared and skips a held one), and re-reads the
+-- settings in a new statement. With no channel to share, the claim waits briefly for a busy capped
+-- channel, unless it idled some channel this call (it would hold that channel's lock meanwhile).
+CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
+RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
+               timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
+               started_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- one plan for every call: re-planning the candidate query each time cost more than running it
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_left     integer := p_limit;
+    v_round    integer := 0;
+    v_names    text[];
+    v_alloc    integer[];
+    v_vtimes   double precision[];
+    v_weights  integer[];
+    v_tokens   double precision[];
+    v_rates    double precision[];
+    v_got      integer[];
+    v_ids      bigint[];
+    v_slots    double precision[];
+    v_short    text[];
+    v_skip     text[] := '{}';
+    v_waited   boolean := false;
+    v_shared   boolean := false;
+    v_alive    boolean;
+    v_workers  integer;
+    v_spread   integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The caller's lease, and how many live workers share the busy channels (below): one statement.
+    SELECT count(*), coalesce(bool_or(w.id = p_worker_id), false) INTO v_workers, v_alive
+    FROM fairqueue.worker w WHERE w.lease_expires_at > v_now;
+    IF NOT v_alive THEN
+        RAISE EXCEPTION 'fairqueue: worker % is not registered or its lease has expired', p_worker_id
+            USING ERRCODE = 'FQ001';
+    END IF;
+
+    -- Three index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
+    IF (SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1) IS NOT NULL
+       OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
+       OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
+           ORDER BY throttled_until LIMIT 1) <= v_now THEN
+        PERFORM fairqueue._intake(v_now);
+    END IF;
+    v_workers := greatest(v_workers, 1);
+    -- Charges left by claims that shared a channel with its holder (see below), paid before the
+    -- channels are put in order; usually there are none.
+    IF (SELECT d.id FROM fairqueue.channel_debt d ORDER BY d.id LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._pay_debts();
+    END IF;
+
+    -- How many channels this claim takes at most: with fewer busy channels than slots across the
+    -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes
+    -- its share of them (several slots each), and concurrent claims work on different channels.
+    LOOP
+        v_round := v_round + 1;
+        SELECT least(v_left, greatest(1, ceil(count(*)::double precision / v_workers)::integer)) INTO v_spread
+        FROM (SELECT 1 FROM fairqueue.channel
+              WHERE eligible AND name <> ALL (v_skip) LIMIT v_left * v_workers) AS e;
+        -- 1. The next channels in fair order, and how many of the batch's slots each one wins.
+        --    Channels another claimer holds are skipped, so concurrent claimers spread out.
+        WITH cand AS MATERIALIZED (
+            SELECT c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running, c.rate_per_second,
+                   CASE WHEN c.rate_per_second IS NOT NULL THEN
+                        least(c.rate_burst,
+                              c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
+                   END AS tokens_now
+            FROM fairqueue.channel c
+            WHERE c.eligible AND c.name <> ALL (v_skip)
+            ORDER BY c.vtime, c.served_at, c.name
+            LIMIT v_spread
+            FOR NO KEY UPDATE SKIP LOCKED
+        ),
+        room AS (
+            SELECT cand.*,
+                   least(v_left,
+                         coalesce(cand.max_concurrency - cand.running, v_left),
+                         coalesce(floor(cand.tokens_now)::integer, v_left)) AS room,
+                   max(cand.vtime) OVER () AS vmax,
+                   sum(cand.weight) OVER () AS wsum
+            FROM cand
+        ),
+        slots AS (
+            -- each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
+            -- possibly win, so this stays O(limit) rows
+            SELECT r.name, r.served_at, r.vtime + g.n::double precision / r.weight AS slot
+            FROM room r
+            CROSS JOIN LATERAL generate_series(0, least(
+                r.room,
+                floor(least((r.vmax - r.vtime) * r.weight, v_left))::integer
+                    + ceil(v_left::double precision * r.weight / r.wsum)::integer + 1
+            ) - 1) AS g(n)
+        ),
+        alloc AS (
+            SELECT s.name, count(*)::integer AS n
+            FROM (SELECT name FROM slots ORDER BY slot, served_at, name LIMIT v_left) AS s
+            GROUP BY s.name
+        )
+        SELECT array_agg(r.name ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(coalesce(a.n, 0) ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.vtime ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name)
+        INTO v_names, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
+        FROM room r LEFT JOIN alloc a ON a.name = r.name;
+
+        IF v_names IS NULL THEN
+            -- Every eligible channel is held by another claimer at this instant (typically: fewer
+            -- busy channels than claimers). A channel without a cap or a rate limit needs no exact
+            -- count, so take its next jobs beside the holder (job rows are locked one by one) and
+            -- leave the charge in channel_debt, which the next holder of the row adds to its
+            -- virtual time. Only capped or rate-limited channels are waited for, once.
+            --    The unlimited-ness is read without the row, so first a shared lock on the channel's
+            --    settings (configure_channel holds it exclusively until it commits; a channel being
+            --    configured is skipped), then, in a new statement with a fresh snapshot, the
+            --    settings again: a cap or rate limit set meanwhile would not count the jobs taken here.
+            SELECT array_agg(s.name ORDER BY s.vtime, s.served_at, s.name)
+            INTO v_names
+            FROM (SELECT c.name, c.vtime, c.served_at FROM fairqueue.channel c
+                  WHERE c.eligible AND c.name <> ALL (v_skip)
+                    AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL
+                  ORDER BY c.vtime, c.served_at, c.name
+                  LIMIT v_spread) AS s
+            WHERE pg_try_advisory_xact_lock_shared(1718681603, hashtext(s.name));
+            SELECT array_agg(c.name ORDER BY u.i), array_agg(c.vtime ORDER BY u.i), array_agg(c.weight ORDER BY u.i)
+            INTO v_names, v_vtimes, v_weights
+            FROM unnest(v_names) WITH ORDINALITY AS u(name, i)
+            JOIN fairqueue.channel c ON c.name = u.name
+            WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL;
+            IF v_names IS NULL THEN
+                -- Not once this claim has idled channels: it holds their exclusive locks until it
+                -- commits, and a producer enqueueing into one of them would wait with it.
+                EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
+                v_waited := true;
+                CONTINUE;
+            END IF;
+            v_shared := true;
+            -- the slots in equal parts, the first channels in fair order taking the remainder
+            v_alloc := ARRAY(SELECT v_left / cardinality(v_names)
+                                    + CASE WHEN i <= v_left % cardinality(v_names) THEN 1 ELSE 0 END
+                             FROM generate_subscripts(v_names, 1) AS i ORDER BY i);
+            v_tokens := array_fill(NULL::double precision, ARRAY[cardinality(v_names)]);
+            v_rates := v_tokens;
+        ELSE
+            v_shared := false;
+        END IF;
+
+        -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx), and look
+        --    whether more remain behind them.
+        --    One statement: which jobs each channel gave, their slots, and which channels came up short.
+        WITH heads AS MATERIALIZED (
+            SELECT u.i, u.name, u.n, coalesce(p.ids, '{}') AS ids,
+                   -- more behind them? the next index entry (EXISTS could plan a scan over dead pages)
+                   u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                                WHERE r.channel = u.name AND r.worker_id IS NULL
+                                  AND r.job_id > coalesce(p.ids[cardinality(p.ids)], 0)
+                                ORDER BY r.channel, r.job_id LIMIT 1) IS NOT NULL AS more
+            FROM unnest(v_names, v_alloc) WITH ORDINALITY AS u(name, n, i)
+            CROSS JOIN LATERAL (
+                SELECT array_agg(h.job_id ORDER BY h.job_id) AS ids
+                FROM (SELECT r.job_id FROM fairqueue.running_job r
+                      WHERE u.n > 0 AND r.channel = u.name AND r.worker_id IS NULL
+                      ORDER BY r.channel, r.job_id
+                      LIMIT u.n
+                      FOR UPDATE SKIP LOCKED) AS h
+            ) AS p
+        ),
+        taken AS (
+            SELECT h.i, x.k, x.id, v_vtimes[h.i] + (x.k - 1)::double precision / v_weights[h.i] AS slot
+            FROM heads h CROSS JOIN LATERAL unnest(h.ids) WITH ORDINALITY AS x(id, k)
+        )
+        SELECT (SELECT array_agg(cardinality(h.ids) ORDER BY h.i) FROM heads h),
+               coalesce((SELECT array_agg(t.id ORDER BY t.i, t.k) FROM taken t), '{}'),
+               coalesce((SELECT array_agg(t.slot ORDER BY t.i, t.k) FROM taken t), '{}'),
+               coalesce((SELECT array_agg(h.name ORDER BY h.i) FROM heads h
+                         WHERE h.n > 0 AND (cardinality(h.ids) < h.n OR NOT h.more)), '{}')
+        INTO v_got, v_ids, v_slots, v_short;
+
+        -- 3. Charge the channels (virtual time, running count, rate tokens) and hand the jobs out,
+        --    in slot order. A shared take leaves its charge as a debt instead.
+        IF cardinality(v_ids) > 0 OR coalesce(1 > ANY (v_tokens), false) THEN
+            RETURN QUERY
+                WITH debts AS (
+                    INSERT INTO fairqueue.channel_debt (channel, vtime)
+                    SELECT u.name, u.got::double precision / u.weight
+                    FROM unnest(v_names, v_got, v_weights) AS u(name, got, weight)
+                    WHERE v_shared AND u.got > 0
+                ),
+                charged AS (
+                    UPDATE fairqueue.channel c
+                    SET vtime = c.vtime + u.got::double precision / c.weight,
+                        served_at = CASE WHEN u.got > 0 THEN v_now ELSE c.served_at END,
+                        running = CASE WHEN c.max_concurrency IS NULL THEN c.running ELSE c.running + u.got END,
+                        tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
+                        tokens_at = CASE WHEN u.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
+                        throttled_until = CASE
+                            WHEN u.tokens_now IS NOT NULL AND u.tokens_now - u.got < 1
+                            THEN v_now + make_interval(secs => (1 - (u.tokens_now - u.got)) / u.rate)
+                            END
+                    FROM unnest(v_names, v_got, v_tokens, v_rates) AS u(name, got, tokens_now, rate)
+                    WHERE NOT v_shared AND c.name = ANY (v_names) AND c.name = u.name
+                      AND (u.got > 0 OR u.tokens_now < 1)
+                ),
+                claimed AS (
+                    UPDATE fairqueue.running_job rj
+                    SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
+                    WHERE rj.job_id = ANY (v_ids)
+                    RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
+                )
+                SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
+                       j.created_at, c.ready_at, c.started_at
+                FROM claimed c
+                JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
+                CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j
+                ORDER BY u.slot, u.pos;
+            v_left := v_left - cardinality(v_ids);
+        END IF;
+        IF cardinality(v_short) > 0 THEN
+            IF NOT v_shared THEN
+                PERFORM fairqueue._idle_channels(v_short);  -- only the holder of a channel's row may idle it
+                v_waited := true;  -- and never wait for a busy channel after it (see above)
+            END IF;
+            v_skip := v_skip || v_short;
+        END IF;
+        EXIT WHEN v_left <= 0 OR v_round >= 8;
+        EXIT WHEN cardinality(v_ids) = 0 AND cardinality(v_short) = 0;  -- no room left (caps, rates)
+    END LOOP;
+END $$;
+
+-- Seconds until something may be claimable: 0 while a channel is eligible (it has, or is about to
+-- have, ready jobs), else until the next delayed job or throttled channel is due (NULL: none).
+CREATE FUNCTION fairqueue.next_due()
+RETURNS double precision
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        -- a channel that can run something now: claim again soon (its jobs may be in flight)
+        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible
+              ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        ELSE extract(epoch FROM least(
+            (SELECT min(run_at) FROM fairqueue.scheduled_job),
+            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL))
+            - clock_timestamp())
+    END
+$$;

@@ -1,0 +1,67 @@
+-- Channel settings: a channel's concurrency cap, rate limit (a token bucket: rate and burst),
+-- weight and pause. Producers never write channel rows; an operator does, through configure_channel
+-- (and the read-merge-write editors of the CLI and the admin built on it).
+
+-- Sets every setting of a channel, creating its row if needed (a new channel starts at the current
+-- minimum vtime, so it neither jumps the queue nor waits behind the history of others). Lowering a
+-- cap counts the channel's running jobs anew.
+--
+-- It holds the settings lock of the channel name (advisory class 1718681603) until commit. A claim's
+-- shared take reads "no cap, no rate limit" from the last committed row without holding the row, so
+-- it takes that lock shared and skips a channel being configured: otherwise a cap being added could
+-- miss the jobs the shared take started. `fairqueue channels set` and the admin take the same lock
+-- around their read-merge-write.
+CREATE FUNCTION fairqueue.configure_channel(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1,
+    p_weight           integer DEFAULT 1,
+    p_paused           boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_vnow     double precision;
+    v_old_cap  integer;
+    v_running  integer;
+BEGIN
+    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
+    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
+    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
+    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
+    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
+                                        paused, tokens, tokens_at, vtime)
+    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
+            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
+            coalesce(v_vnow, 0))
+    ON CONFLICT (name) DO UPDATE SET
+        weight = EXCLUDED.weight,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        paused = EXCLUDED.paused,
+        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE c.tokens_at END,
+        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
+                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                               THEN NULL ELSE c.throttled_until END,
+        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+
+    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
+    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
+    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
+    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
+        SELECT count(*) INTO v_running
+        FROM (SELECT 1 FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
+        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
+    ELSIF p_max_concurrency IS NULL THEN
+        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
+    PERFORM pg_notify('fairqueue', '');
+END $$;

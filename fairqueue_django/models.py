@@ -394,6 +394,7 @@ class PeriodicSchedule(ReadOnlyModel):
     last_job_id = models.BigIntegerField(null=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    resumed_at = models.DateTimeField(null=True)  # ticks at or before it stay missed (schema fq0007)
 
     objects: ClassVar[Any] = QueueManager.from_queryset(PeriodicScheduleQuerySet)()
 

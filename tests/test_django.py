@@ -21,6 +21,7 @@ from django.test.utils import override_settings  # noqa: E402
 import fairqueue  # noqa: E402
 import fairqueue_django  # noqa: E402
 from tests import worker_tasks as t  # noqa: E402
+from tests.migrations.catalog import catalog, differences  # noqa: E402
 
 
 def _orders(conn: psycopg.Connection[Any]) -> list[str]:
@@ -92,39 +93,12 @@ def test_without_atomic_each_enqueue_commits_on_its_own(dj: psycopg.Connection[A
 
 # -- migrations --------------------------------------------------------------------------------------
 
-CATALOG = {
-    "columns": """
-        SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')
-        FROM information_schema.columns
-        WHERE table_schema = 'fairqueue' AND table_name NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
-    "indexes": """
-        SELECT tablename, indexname, indexdef FROM pg_indexes
-        WHERE schemaname = 'fairqueue' AND tablename NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
-    "constraints": """
-        SELECT c.relname, k.conname, pg_get_constraintdef(k.oid) FROM pg_constraint k
-        JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'fairqueue' AND c.relname NOT LIKE 'completed\\_job\\_p%%' ORDER BY 1, 2""",
-    "functions": """
-        SELECT p.proname, pg_get_function_identity_arguments(p.oid), p.prosecdef, coalesce(p.proconfig, '{}'),
-               md5(pg_get_functiondef(p.oid)), coalesce(p.proacl::text, '')
-        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'fairqueue' ORDER BY 1, 2""",
-    "tables": """
-        SELECT c.relname, c.relkind, coalesce(c.reloptions, '{}'), coalesce(pg_get_expr(c.relpartbound, c.oid), '')
-        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'fairqueue' AND c.relkind IN ('r', 'p') AND c.relname NOT LIKE 'completed\\_job\\_p%%'
-        ORDER BY 1""",
-}
 
-
-def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    with psycopg.connect(url) as conn:
-        return {name: conn.execute(query).fetchall() for name, query in CATALOG.items()}
-
-
-def test_django_migrate_creates_exactly_the_schema_alembic_creates(django_url: str, migrated_url: str) -> None:
-    django_catalog, alembic_catalog = _catalog(django_url), _catalog(migrated_url)
-    for part in CATALOG:
-        assert django_catalog[part] == alembic_catalog[part], part
+def test_django_migrate_creates_exactly_the_schema_alembic_creates(django_url: str, empty_database_url: str) -> None:
+    # a database of its own: the shared migrated one carries privileges other tests granted and revoked
+    migrations.upgrade(empty_database_url)
+    django_catalog, alembic_catalog = catalog(django_url), catalog(empty_database_url)
+    assert differences(alembic_catalog, django_catalog) == ""
     assert len(django_catalog["functions"]) > 20
     assert migrations.current_revision(django_url) == migrations.head_revision()
 

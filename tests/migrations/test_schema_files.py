@@ -72,3 +72,21 @@ def test_history_outcomes_are_the_ones_the_table_accepts(migrated_url: str) -> N
     assert row is not None
     accepted = [part.split("'")[1] for part in row[0].split("ARRAY[", 1)[1].split(",")]
     assert accepted == list(HISTORY_OUTCOMES)
+
+
+def test_workers_need_the_head_revision_and_accept_a_newer_one(empty_database_url: str) -> None:
+    from fairqueue.errors import ConfigurationError
+    from fairqueue.worker import Worker, WorkerConfig
+
+    migrations.upgrade(empty_database_url, "fq0007")
+    with pytest.raises(ConfigurationError, match=r"is at fq0007, and this fairqueue needs fq0008.*fairqueue migrate"):
+        Worker(WorkerConfig(database_url=empty_database_url)).run()
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute("COMMENT ON SCHEMA fairqueue IS NULL")  # as an older fairqueue left it: no revision recorded
+    with pytest.raises(ConfigurationError, match=r"not installed \(or older than fq0008\).*fairqueue migrate"):
+        Worker(WorkerConfig(database_url=empty_database_url)).run()
+    migrations.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert migrations.check_schema(conn, empty_database_url) == sql.HEAD
+        conn.execute(sql.stamp_sql("fq9999"))  # migrated ahead by a newer fairqueue (a rolling deploy)
+        assert migrations.check_schema(conn, empty_database_url) == "fq9999"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,68 +15,8 @@ import fairqueue
 from tests.conftest import Connections
 from tests.helpers import assert_consistent, count
 
-# -- the same behaviour whichever way the caller holds its transaction -----------------------------
-
-Transaction = Callable[[], Any]
-
-
-@pytest.fixture(params=["psycopg", "sqlalchemy_session", "sqlalchemy_connection"])
-def producer(request: pytest.FixtureRequest, connect: Connections, engine: sa.Engine) -> Any:
-    """Yields a factory of (db, commit, rollback) for one kind of caller transaction."""
-
-    @contextmanager
-    def psycopg_tx() -> Iterator[tuple[Any, Callable[[], None], Callable[[], None]]]:
-        c = connect(autocommit=False)
-        yield c, c.commit, c.rollback
-
-    @contextmanager
-    def session_tx() -> Iterator[tuple[Any, Callable[[], None], Callable[[], None]]]:
-        with Session(engine) as s:
-            yield s, s.commit, s.rollback
-
-    @contextmanager
-    def connection_tx() -> Iterator[tuple[Any, Callable[[], None], Callable[[], None]]]:
-        with engine.connect() as c:
-            yield c, c.commit, c.rollback
-
-    return {"psycopg": psycopg_tx, "sqlalchemy_session": session_tx, "sqlalchemy_connection": connection_tx}[
-        request.param
-    ]
-
-
-def test_committed_job_exists_and_can_be_claimed(producer: Any, conn: psycopg.Connection[Any], worker: int) -> None:
-    with producer() as (db, commit, _):
-        job_id = fairqueue.enqueue(db, "email.send", {"to": "a@example.com"}, channel="alice")
-        commit()
-    [claimed] = fairqueue.claim_batch(conn, worker, 10)
-    assert (claimed.id, claimed.kind, claimed.args, claimed.channel) == (
-        job_id,
-        "email.send",
-        {"to": "a@example.com"},
-        "alice",
-    )
-    assert claimed.attempt == 1
-
-
-def test_job_is_invisible_until_commit(producer: Any, conn: psycopg.Connection[Any], worker: int) -> None:
-    with producer() as (db, commit, _):
-        fairqueue.enqueue(db, "k", channel="alice")
-        assert fairqueue.claim_batch(conn, worker, 10) == []
-        commit()
-    assert len(fairqueue.claim_batch(conn, worker, 10)) == 1
-
-
-def test_rolled_back_job_never_runs_and_leaves_nothing(
-    producer: Any, conn: psycopg.Connection[Any], worker: int
-) -> None:
-    with producer() as (db, _, rollback):
-        fairqueue.enqueue(db, "k", channel="alice")
-        fairqueue.enqueue(db, "k", channel="new-tenant", delay=60)
-        fairqueue.enqueue_many(db, [{"kind": "k", "channel": f"c{i}"} for i in range(10)])
-        rollback()
-    assert fairqueue.claim_batch(conn, worker, 100) == []
-    for table in ("job", "running_job", "scheduled_job", "channel_wakeup"):
-        assert count(conn, table) == 0, table
+# The same behaviour on every caller kind (psycopg, SQLAlchemy Session and Connection, Django):
+# tests/conformance/.
 
 
 def test_job_commits_with_the_business_rows(engine: sa.Engine, conn: psycopg.Connection[Any]) -> None:

@@ -1,0 +1,191 @@
+"""Every producer-side operation behaves the same on every caller kind (see conftest.py): it joins the
+caller's transaction, so it takes effect exactly when the caller commits and leaves nothing when the
+caller rolls back; bad input raises a clear error, writes nothing and leaves the transaction usable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import fairqueue
+from fairqueue import Outcome
+from tests.conformance.conftest import ORDERS, Caller
+from tests.helpers import assert_consistent, count
+
+# -- enqueue ---------------------------------------------------------------------------------------
+
+
+def test_committed_job_exists_and_can_be_claimed(caller: Caller, worker_of: int) -> None:
+    with caller.transaction() as tx:
+        job_id = fairqueue.enqueue(tx.db, "email.send", {"to": "a@example.com"}, channel="alice")
+        tx.commit()
+    [claimed] = fairqueue.claim_batch(caller.conn, worker_of, 10)
+    assert (claimed.id, claimed.kind, claimed.args, claimed.channel) == (
+        job_id,
+        "email.send",
+        {"to": "a@example.com"},
+        "alice",
+    )
+    assert claimed.attempt == 1
+
+
+def test_job_is_invisible_until_commit(caller: Caller, worker_of: int) -> None:
+    with caller.transaction() as tx:
+        fairqueue.enqueue(tx.db, "k", channel="alice")
+        assert fairqueue.claim_batch(caller.conn, worker_of, 10) == []
+        tx.commit()
+    assert len(fairqueue.claim_batch(caller.conn, worker_of, 10)) == 1
+
+
+def test_rolled_back_job_never_runs_and_leaves_nothing(caller: Caller, worker_of: int) -> None:
+    with caller.transaction() as tx:
+        fairqueue.enqueue(tx.db, "k", channel="alice")
+        fairqueue.enqueue(tx.db, "k", channel="new-tenant", delay=60)
+        fairqueue.enqueue_many(tx.db, [{"kind": "k", "channel": f"c{i}"} for i in range(10)])
+        fairqueue.bulk_enqueue(tx.db, [{"kind": "bulk", "channel": f"b{i % 3}"} for i in range(50)])
+        tx.rollback()
+    assert fairqueue.claim_batch(caller.conn, worker_of, 100) == []
+    for table in ("job", "running_job", "scheduled_job", "channel_wakeup"):
+        assert count(caller.conn, table) == 0, table
+
+
+def test_jobs_commit_and_roll_back_with_the_business_rows(caller: Caller) -> None:
+    for end in ("rollback", "commit"):
+        with caller.transaction() as tx:
+            tx.execute(f"INSERT INTO {ORDERS} (note) VALUES (%s)", ("order 42",))
+            fairqueue.enqueue(tx.db, "order.confirm", {"total": 42}, channel="shop")
+            fairqueue.enqueue_many(tx.db, [fairqueue.JobSpec("order.pack", {"i": i}) for i in range(3)])
+            fairqueue.bulk_enqueue(tx.db, [{"kind": "order.mail", "args": {"i": i}} for i in range(5)])
+            getattr(tx, end)()
+        expected = 0 if end == "rollback" else 1
+        assert caller.orders() == expected
+        assert count(caller.conn, "job") == 9 * expected
+    assert_consistent(caller.conn)
+
+
+BAD_ARGS = {"when": object()}
+BAD_CALLS: dict[str, Callable[[Any], object]] = {
+    "enqueue": lambda db: fairqueue.enqueue(db, "k", BAD_ARGS),
+    "enqueue_many": lambda db: fairqueue.enqueue_many(db, [{"kind": "k"}, {"kind": "k", "args": BAD_ARGS}]),
+    "bulk_enqueue": lambda db: fairqueue.bulk_enqueue(db, [{"kind": "k"}, {"kind": "k", "args": BAD_ARGS}]),
+}
+
+
+@pytest.mark.parametrize("operation", list(BAD_CALLS))
+def test_bad_input_writes_nothing_and_the_transaction_goes_on(caller: Caller, operation: str) -> None:
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('before')")
+        with pytest.raises(fairqueue.InvalidJobError, match="not JSON-serialisable"):
+            BAD_CALLS[operation](tx.db)
+        assert count(caller.conn, "job") == 0
+        fairqueue.enqueue(tx.db, "k", {"fine": True})  # the caller's transaction is still usable
+        tx.commit()
+    assert caller.orders() == 1 and count(caller.conn, "job") == 1
+
+
+def test_a_unique_key_held_in_the_transaction_returns_the_same_job(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        first = fairqueue.enqueue(tx.db, "k", unique_key="invoice-7")
+        assert fairqueue.enqueue(tx.db, "k", unique_key="invoice-7") == first
+        with pytest.raises(fairqueue.DuplicateJobError):
+            fairqueue.enqueue(tx.db, "k", unique_key="invoice-7", on_duplicate="raise")
+        tx.commit()
+    assert count(caller.conn, "job") == 1
+
+
+# -- reading and changing jobs -----------------------------------------------------------------------
+
+
+def test_get_job_sees_the_transactions_own_job_and_others_see_it_at_commit(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        job_id = fairqueue.enqueue(tx.db, "k", {"n": 1}, channel="alice")
+        mine = fairqueue.get_job(tx.db, job_id)
+        assert mine is not None and (mine.status, mine.args, mine.channel) == ("ready", {"n": 1}, "alice")
+        assert fairqueue.get_job(caller.conn, job_id) is None
+        tx.commit()
+    theirs = fairqueue.get_job(caller.conn, job_id)
+    assert theirs is not None and theirs.status == "ready"
+
+
+def test_cancel_takes_effect_with_the_commit(caller: Caller, worker_of: int) -> None:
+    job_id = fairqueue.enqueue(caller.conn, "k", channel="alice")
+    with caller.transaction() as tx:
+        assert fairqueue.cancel(tx.db, job_id) == "cancelled"
+        tx.rollback()
+    info = fairqueue.get_job(caller.conn, job_id)
+    assert info is not None and info.status == "ready"
+    with caller.transaction() as tx:
+        assert fairqueue.cancel(tx.db, job_id) == "cancelled"
+        tx.commit()
+    info = fairqueue.get_job(caller.conn, job_id)
+    assert info is not None and info.status == "cancelled"
+    assert fairqueue.claim_batch(caller.conn, worker_of, 10) == []
+
+
+def test_retry_takes_effect_with_the_commit(caller: Caller, worker_of: int) -> None:
+    job_id = fairqueue.enqueue(caller.conn, "k", channel="alice", max_attempts=1)
+    [claimed] = fairqueue.claim_batch(caller.conn, worker_of, 1)
+    fairqueue.fail(caller.conn, worker_of, claimed.id, error="boom")
+    with caller.transaction() as tx:
+        assert fairqueue.retry(tx.db, job_id) == "retried"
+        tx.rollback()
+    info = fairqueue.get_job(caller.conn, job_id)
+    assert info is not None and info.status == "failed"
+    with caller.transaction() as tx:
+        assert fairqueue.retry(tx.db, job_id) == "retried"
+        tx.commit()
+    [again] = fairqueue.claim_batch(caller.conn, worker_of, 1)
+    assert again.id == job_id and again.attempt == 2
+
+
+# -- channels ------------------------------------------------------------------------------------------
+
+
+def _settings(caller: Caller, name: str) -> tuple[Any, ...] | None:
+    return caller.conn.execute(
+        "SELECT max_concurrency, rate_limit, weight, paused FROM fairqueue.channel WHERE name = %s", (name,)
+    ).fetchone()
+
+
+def test_configure_channel_takes_effect_with_the_commit(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        fairqueue.configure_channel(tx.db, "acme", max_concurrency=2, rate_limit="10/s", weight=3)
+        tx.rollback()
+    assert _settings(caller, "acme") is None
+    with caller.transaction() as tx:
+        fairqueue.configure_channel(tx.db, "acme", max_concurrency=2, rate_limit="10/s", weight=3)
+        tx.commit()
+    assert _settings(caller, "acme") == (2, "10/s", 3, False)
+
+
+def test_bad_channel_settings_write_nothing_and_the_transaction_goes_on(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        with pytest.raises(fairqueue.InvalidChannelConfigError):
+            fairqueue.configure_channel(tx.db, "acme", max_concurrency=0)
+        fairqueue.configure_channel(tx.db, "acme", weight=2)
+        tx.commit()
+    assert _settings(caller, "acme") == (None, None, 2, False)
+
+
+# -- a handler's transactional completion -----------------------------------------------------------
+
+
+def test_a_completion_commits_with_the_handlers_writes_or_not_at_all(caller: Caller, worker_of: int) -> None:
+    job_id = fairqueue.enqueue(caller.conn, "order.ship", channel="shop")
+    [claimed] = fairqueue.claim_batch(caller.conn, worker_of, 1)
+    done = [Outcome(claimed.id, "succeeded", result={"shipped": True})]
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('shipped')")
+        assert [f.job_id for f in fairqueue.finish(tx.db, worker_of, done)] == [job_id]
+        tx.rollback()
+    info = fairqueue.get_job(caller.conn, job_id)
+    assert info is not None and info.status == "running" and caller.orders() == 0
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('shipped')")
+        fairqueue.finish(tx.db, worker_of, done)
+        tx.commit()
+    info = fairqueue.get_job(caller.conn, job_id)
+    assert info is not None and (info.status, info.result) == ("succeeded", {"shipped": True})
+    assert caller.orders() == 1

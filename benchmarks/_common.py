@@ -138,6 +138,20 @@ def postgresql(url: str) -> dict[str, str]:
         return {name: str(scalar(conn, "SELECT current_setting(%s)", (name,))) for name in PG_SETTINGS}
 
 
+def source() -> dict[str, str]:
+    """What was measured: the commit (with "+changes" when the tree differs from it) and the schema revision."""
+    from fairqueue.sql import HEAD
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", "fairqueue", "benchmarks"):
+        commit += "+changes"
+    return {"commit": commit, "schema_revision": HEAD}
+
+
 def versions(python: str | None) -> dict[str, str]:
     """fairqueue's side, and the peers' from .bench-venv when it exists (or ``python`` is given)."""
     import fairqueue
@@ -234,6 +248,7 @@ class Run:
             "machine": machine() | {"load_before": self.load_before},
             "postgresql": postgresql(self.server_url),
             "versions": versions(self.python),
+            "source": source(),
             "results": results,
         }
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -262,7 +277,8 @@ def doc_section(record: dict[str, Any], title: str, table: list[str], notes: Seq
         f"max_connections={pg['max_connections']}.",
         f"- Versions: fairqueue {v['fairqueue']}, psycopg {v['psycopg']}, PgQueuer {v['pgqueuer']}, asyncpg "
         f"{v['asyncpg']}, Procrastinate {v['procrastinate']}, Python {v['python']}.",
-        f"- Reproduce: `{record['command']}`",
+        f"- Measured: commit {record['source']['commit']}, schema revision {record['source']['schema_revision']}; "
+        f"reproduce: `{record['command']}`",
         "",
         *table,
     ]

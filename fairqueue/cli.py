@@ -438,9 +438,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_channels_set(args: argparse.Namespace) -> int:
+    from fairqueue.channels import UNCHANGED, update_channel
     from fairqueue.errors import InvalidChannelConfigError
-    from fairqueue.producer import configure_channel
-    from fairqueue.validation import check_channel_settings, parse_rate_limit
 
     changes = (args.max_concurrency, args.rate_limit, args.burst, args.weight, args.paused)
     if all(c is None for c in changes) and not (args.no_max_concurrency or args.no_rate_limit):
@@ -448,42 +447,23 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
             "nothing to change: give --max-concurrency, --no-max-concurrency, --rate-limit, --no-rate-limit, "
             "--burst, --weight, --pause or --resume"
         )
-    # check what was given before touching the database
-    if args.rate_limit is not None:
-        parse_rate_limit(args.rate_limit)
-    check_channel_settings(
-        args.name,
-        args.max_concurrency,
-        1 if args.weight is None else args.weight,
-        False,
-        1 if args.burst is None else args.burst,
-    )
+
+    def given(value: Any, *, cleared: bool = False) -> Any:
+        return None if cleared else UNCHANGED if value is None else value
 
     with _connect(args) as conn:
-        conn.execute(Q.channel_edit_lock, (args.name,))
-        row = conn.execute(Q.channel_settings_for_update, (args.name,)).fetchone()
-        cap, rate, burst, weight, paused = row if row is not None else (None, None, 1.0, 1, False)
-        if args.no_max_concurrency:
-            cap = None
-        elif args.max_concurrency is not None:
-            cap = args.max_concurrency
-        if args.no_rate_limit:
-            rate, burst = None, 1.0
-        elif args.rate_limit is not None:
-            rate = args.rate_limit
-        if args.burst is not None:
-            burst = args.burst
-        if args.weight is not None:
-            weight = args.weight
-        if args.paused is not None:
-            paused = args.paused
-        configure_channel(
-            conn, args.name, max_concurrency=cap, rate_limit=rate, weight=weight, paused=paused, burst=burst
+        result = update_channel(
+            conn,
+            args.name,
+            max_concurrency=given(args.max_concurrency, cleared=args.no_max_concurrency),
+            rate_limit=given(args.rate_limit, cleared=args.no_rate_limit),
+            burst=given(args.burst),
+            weight=given(args.weight),
+            paused=given(args.paused),
         )
-        [(cap, rate, burst, weight, paused)] = conn.execute(Q.channel_settings_for_update, (args.name,)).fetchall()
     print(
-        f"channel {args.name}: max_concurrency={cap or '-'} rate_limit={rate or '-'} burst={burst:g} "
-        f"weight={weight} {'paused' if paused else 'not paused'}"
+        f"channel {args.name}: max_concurrency={result.max_concurrency or '-'} rate_limit={result.rate_limit or '-'} "
+        f"burst={result.burst:g} weight={result.weight} {'paused' if result.paused else 'not paused'}"
     )
     return 0
 

@@ -45,7 +45,6 @@ from django.utils.safestring import SafeString, mark_safe
 
 import fairqueue
 from fairqueue.errors import FairqueueError, InvalidChannelConfigError
-from fairqueue.sql import Q as queries
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 from fairqueue_django import conf, views
 from fairqueue_django.models import (
@@ -839,37 +838,23 @@ LIMIT_FIELDS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused
 
 
 def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
-    """Changes some of a channel's settings with fairqueue.configure_channel, keeping the others.
-
-    configure_channel sets every setting at once, so this does what ``fairqueue channels set`` does:
-    in one transaction, take the channel's edit lock, read the current settings with the row locked,
-    merge the changes and write them all back. Concurrent edits of different settings both land.
-    Returns the settings written.
-    """
+    """Changes some of a channel's settings (named as in LIMIT_FIELDS), keeping the others: what
+    ``fairqueue channels set`` does, with fairqueue.update_channel in a transaction of fairqueue's
+    database. Returns the settings written."""
     unknown = set(changes) - set(LIMIT_FIELDS)
     if unknown:
         raise TypeError(f"unknown channel settings: {sorted(unknown)}")
     alias = conf.get().database
-    db = connections[alias]
+    given = {"burst" if key == "rate_burst" else key: value for key, value in changes.items()}
     with transaction.atomic(using=alias):
-        with db.cursor() as cursor:
-            cursor.execute(queries.channel_edit_lock, [name])
-            cursor.execute(queries.channel_settings_for_update, [name])
-            row = cursor.fetchone()
-        current = dict(zip(LIMIT_FIELDS, row if row is not None else (None, None, 1.0, 1, False), strict=True))
-        current.update(changes)
-        if current["rate_limit"] is None:
-            current["rate_burst"] = 1.0  # a burst only means something with a rate limit
-        fairqueue.configure_channel(
-            db,
-            name,
-            max_concurrency=current["max_concurrency"],
-            rate_limit=current["rate_limit"],
-            burst=current["rate_burst"],
-            weight=current["weight"],
-            paused=current["paused"],
-        )
-    return current
+        result = fairqueue.update_channel(connections[alias], name, **given)
+    return {
+        "max_concurrency": result.max_concurrency,
+        "rate_limit": result.rate_limit,
+        "rate_burst": result.burst,
+        "weight": result.weight,
+        "paused": result.paused,
+    }
 
 
 #: A channel row's settings before anyone configured it (the table's defaults).
@@ -1096,7 +1081,16 @@ class ChannelAdmin(QueueAdmin):
 
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data if name in LIMIT_FIELDS}
-        if changes:
+        if not changes:
+            return
+        try:
+            edit_channel(obj.name, **changes)
+        except InvalidChannelConfigError:
+            if "rate_burst" not in changes or "rate_limit" in changes:
+                raise
+            # the form checked the burst against the rate limit on the page; someone removed that rate
+            # limit meanwhile, and its burst goes with it
+            del changes["rate_burst"]
             edit_channel(obj.name, **changes)
 
     def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:

@@ -120,6 +120,27 @@ def test_a_capped_channel_counts_its_running_jobs(conn: psycopg.Connection[Any],
     assert conn.execute("SELECT running FROM fairqueue.channel WHERE name = 'acme'").fetchone() == (1,)
 
 
+def test_fairqueue_django_edits_in_the_current_atomic_block(dj: psycopg.Connection[Any]) -> None:
+    from django.db import transaction
+
+    import fairqueue_django
+
+    fairqueue.configure_channel(dj, "acme", weight=2)
+
+    def failing_view() -> None:
+        with transaction.atomic():
+            fairqueue_django.update_channel("acme", paused=True)
+            raise RuntimeError("the view failed")
+
+    with pytest.raises(RuntimeError):
+        failing_view()
+    assert _settings(dj, "acme") == (None, None, 1.0, 2, False)
+    with transaction.atomic():
+        settings = fairqueue_django.update_channel("acme", paused=True)
+    assert settings == ChannelSettings("acme", None, None, 1.0, 2, True)
+    assert _settings(dj, "acme") == (None, None, 1.0, 2, True)
+
+
 # -- bad input ------------------------------------------------------------------------------------------
 
 BAD = [

@@ -5,6 +5,7 @@ channel's concurrency cap, rate limit and weight. See README.md and docs/.
 """
 
 from fairqueue.bulk import BatchResult, BulkEnqueueError, bulk_enqueue
+from fairqueue.channels import ChannelSettings, update_channel
 from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
@@ -44,6 +45,7 @@ __all__ = [
     "BatchResult",
     "BulkEnqueueError",
     "ChannelInfo",
+    "ChannelSettings",
     "ClaimedJob",
     "ConfigurationError",
     "DuplicateJobError",
@@ -83,4 +85,5 @@ __all__ = [
     "retry",
     "settings",
     "task",
+    "update_channel",
 ]

@@ -1,4 +1,4 @@
-"""Read-only views of jobs and channels."""
+"""Read-only views of jobs (their state and attempts) and channels."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
     if not rows:
         return None
     r = rows[0]
-    attempts = [Attempt(*a) for a in ex.rows(Q.job_attempts, (job_id,))]
+    attempts = job_attempts(ex, job_id)
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -69,6 +69,12 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
         finished_at=r[12],
         attempts=attempts,
     )
+
+
+def job_attempts(db: object, job_id: int) -> list[Attempt]:
+    """Every finished attempt of a job, oldest first, from every day of the history (each day's primary
+    key finds the job's rows)."""
+    return [Attempt(*a) for a in executor_for(db).rows(Q.job_attempts, (job_id,))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,26 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
     }
 
 
+def collect_wait_times(db: object, since_hours: float) -> dict[str, Any]:
+    """How long the attempts that finished in the last ``since_hours`` waited between ready and started:
+    ``{"overall": W, "channels": {name: W}}`` with each ``W = {"count", "p50_seconds", "p95_seconds"}``
+    (the median and 95th percentile; None without attempts). Run in collect_status's transaction, it
+    reads the same snapshot (the Django admin's queue overview shows the two together)."""
+    overall: dict[str, Any] = {"count": 0, "p50_seconds": None, "p95_seconds": None}
+    channels: dict[str, dict[str, Any]] = {}
+    for channel, is_total, count, p50, p95 in executor_for(db).rows(Q.wait_percentiles, {"hours": since_hours}):
+        waits = {
+            "count": int(count),
+            "p50_seconds": None if p50 is None else float(p50),
+            "p95_seconds": None if p95 is None else float(p95),
+        }
+        if is_total:
+            overall = waits
+        else:
+            channels[channel] = waits
+    return {"overall": overall, "channels": channels}
+
+
 def collect_periodic(db: object) -> list[dict[str, Any]]:
     """The periodic schedules, with their next tick (by the schedule's own clock rule)."""
     from fairqueue.cron import CronSchedule

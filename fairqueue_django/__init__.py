@@ -15,6 +15,14 @@ with ``manage.py runworker``. Settings live in one dict, ``FAIRQUEUE`` (see fair
 
 from __future__ import annotations
 
-from fairqueue_django.api import configure_channel, connection, enqueue, enqueue_many, enqueue_task, get_job
+from fairqueue_django.api import (
+    configure_channel,
+    connection,
+    enqueue,
+    enqueue_many,
+    enqueue_task,
+    get_job,
+    update_channel,
+)
 
-__all__ = ["configure_channel", "connection", "enqueue", "enqueue_many", "enqueue_task", "get_job"]
+__all__ = ["configure_channel", "connection", "enqueue", "enqueue_many", "enqueue_task", "get_job", "update_channel"]

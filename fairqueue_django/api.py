@@ -8,6 +8,7 @@ from typing import Any
 from django.db import connections
 
 import fairqueue
+from fairqueue.channels import ChannelSettings
 from fairqueue.inspection import JobInfo
 from fairqueue.producer import JobSpec
 from fairqueue.tasks import Task
@@ -40,6 +41,11 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[int]:
 def configure_channel(name: str, **limits: Any) -> None:
     """:func:`fairqueue.configure_channel` on Django's connection."""
     fairqueue.configure_channel(connection(), name, **limits)
+
+
+def update_channel(name: str, **changes: Any) -> ChannelSettings:
+    """:func:`fairqueue.update_channel` on Django's connection: changes only the settings given."""
+    return fairqueue.update_channel(connection(), name, **changes)
 
 
 def get_job(job_id: int) -> JobInfo | None:

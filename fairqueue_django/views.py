@@ -2,8 +2,10 @@
 
 It is what ``fairqueue status`` shows (fairqueue.status.collect_status: backlog, running and oldest
 ready job per channel, workers, the last hour's outcomes and failures), plus how long jobs waited
-between ready and started over the last hour (median and 95th percentile, per channel), all read
-in one REPEATABLE READ snapshot, and the geometry of a bar chart of the backlog per channel.
+between ready and started over the last hour (fairqueue.status.collect_wait_times: median and 95th
+percentile, per channel), both read in one REPEATABLE READ snapshot, and the geometry of a bar chart
+of the backlog per channel. The reading is fairqueue's; this module holds Django's transaction and
+the page's rendering.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from django.utils import timezone
 
 from fairqueue.durations import compact as duration
 from fairqueue.sql import Q
-from fairqueue.status import collect_status
+from fairqueue.status import collect_status, collect_wait_times
 
 #: The window of the wait-time percentiles and the outcome counts.
 SINCE_HOURS = 1.0
@@ -35,8 +37,8 @@ BAR_GAP = 6
 VALUE_WIDTH = 80
 
 
-def _read(alias: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
-    """collect_status and the wait percentiles, in one snapshot.
+def _read(alias: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """collect_status and collect_wait_times, in one snapshot.
 
     The session's time zone is UTC meanwhile: with USE_TZ = False Django reads naive times in the
     session's zone, and collect_status takes a naive time as UTC."""
@@ -50,9 +52,7 @@ def _read(alias: str) -> tuple[dict[str, Any], list[tuple[Any, ...]]]:
             zone = cursor.fetchone()[0]
         try:
             status = collect_status(db, since_hours=SINCE_HOURS, failures=FAILURES)
-            with db.cursor() as cursor:
-                cursor.execute(Q.django_wait_percentiles, {"hours": SINCE_HOURS})
-                waits = cursor.fetchall()
+            waits = collect_wait_times(db, since_hours=SINCE_HOURS)
         finally:
             if not outermost:  # the caller's transaction goes on in its own time zone
                 with db.cursor() as cursor:
@@ -94,18 +94,16 @@ def chart(channels: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _waits(waits: dict[str, Any]) -> dict[str, Any]:
+    return {"count": waits["count"], "p50": duration(waits["p50_seconds"]), "p95": duration(waits["p95_seconds"])}
+
+
 def overview(alias: str) -> dict[str, Any]:
     """The template context of the overview page, read from database ``alias``."""
-    status, wait_rows = _read(alias)
-    per_channel: dict[str, dict[str, Any]] = {}
+    status, waits = _read(alias)
+    per_channel = {name: _waits(w) for name, w in waits["channels"].items()}
     none = {"count": 0, "p50": duration(None), "p95": duration(None)}
-    overall = none
-    for channel, is_total, count, p50, p95 in wait_rows:
-        waits = {"count": int(count), "p50": duration(p50), "p95": duration(p95)}
-        if is_total:
-            overall = waits
-        else:
-            per_channel[channel] = waits
+    overall = _waits(waits["overall"])
     channels = status["channels"]
     rows = [
         {

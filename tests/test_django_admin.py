@@ -550,6 +550,18 @@ def test_saving_an_old_page_does_not_undo_a_pause_made_meanwhile(
     assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 9, True)
 
 
+def test_saving_a_burst_for_a_rate_limit_removed_meanwhile_keeps_the_removal(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    old_page = client.get(url).context["adminform"].form  # shows rate limit 10/s, burst 3
+    fairqueue.update_channel(dj, "tenant-a", rate_limit=None)
+    response = client.post(url, _form_data(old_page, rate_burst=6, weight=4), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _channel(dj, "tenant-a") == (5, None, 1.0, 4, False)
+
+
 def test_a_channel_with_jobs_but_no_row_yet_can_be_paused_and_limited(
     login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
 ) -> None:

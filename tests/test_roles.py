@@ -124,6 +124,25 @@ def test_an_admin_can_cancel_retry_configure_and_read_status(
     assert denied(url, "DELETE FROM fairqueue.job")
 
 
+def test_an_admin_can_change_some_channel_settings_without_writing_any_table(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """update_channel locks with the advisory settings lock, not a row lock: FOR NO KEY UPDATE needs
+    UPDATE on the table, which no level has."""
+    url = role("admin")
+    fairqueue.configure_channel(conn, "acme", rate_limit="10/s", burst=2)
+    capsys.readouterr()  # what grant printed
+    with psycopg.connect(url) as admin:
+        settings = fairqueue.update_channel(admin, "acme", max_concurrency=3)
+    assert (settings.max_concurrency, settings.rate_limit, settings.burst) == (3, "10/s", 2.0)
+    assert cli.main(["channels", "set", "acme", "--pause", "--database-url", url]) == 0
+    assert capsys.readouterr().out.strip() == "channel acme: max_concurrency=3 rate_limit=10/s burst=2 weight=1 paused"
+    row = conn.execute("SELECT max_concurrency, rate_limit, rate_burst, paused FROM fairqueue.channel").fetchone()
+    assert row == (3, "10/s", 2.0, True)
+    assert denied(url, "SELECT name FROM fairqueue.channel FOR NO KEY UPDATE")
+    assert denied(url, "UPDATE fairqueue.channel SET paused = false")
+
+
 def test_a_role_without_grants_cannot_use_the_queue(role: Callable[[str], str]) -> None:
     url = role("nothing")
     assert denied(url, "SELECT * FROM fairqueue.enqueue('k', '{}', 'default', NULL, 3, NULL, NULL, NULL, NULL)")

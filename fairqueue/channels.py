@@ -1,0 +1,130 @@
+"""Changing some of a channel's settings, keeping the others: :func:`update_channel`.
+
+:func:`fairqueue.configure_channel` sets every setting at once (what it is not given returns to its
+default). Operators usually mean to change one thing, e.g. pause a channel, and keep its cap and rate
+limit; ``fairqueue channels set`` and the Django admin's channel page and pause/resume actions do
+that through :func:`update_channel`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from fairqueue._db import executor_for
+from fairqueue.errors import InvalidChannelConfigError
+from fairqueue.producer import configure_channel
+from fairqueue.sql import Q
+from fairqueue.validation import check_channel_settings, parse_rate_limit
+
+__all__ = ["UNCHANGED", "ChannelSettings", "update_channel"]
+
+
+class _Unchanged(enum.Enum):
+    UNCHANGED = "UNCHANGED"
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+#: The default of every setting of :func:`update_channel`: keep the channel's current value. (None is
+#: a value there: no cap, no rate limit.)
+UNCHANGED: Final = _Unchanged.UNCHANGED
+Unchanged = Literal[_Unchanged.UNCHANGED]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSettings:
+    """A channel's settings, as :func:`update_channel` left them."""
+
+    name: str
+    max_concurrency: int | None  # None: no cap
+    rate_limit: str | None  # normalised, e.g. "10/s"; None: no rate limit
+    burst: float  # 1 without a rate limit
+    weight: int
+    paused: bool
+
+
+#: A channel nobody configured: no row yet, these settings.
+_DEFAULTS = (None, None, 1.0, 1, False)
+
+
+def update_channel(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | Unchanged | None = UNCHANGED,
+    rate_limit: str | Unchanged | None = UNCHANGED,
+    burst: float | Unchanged = UNCHANGED,
+    weight: int | Unchanged = UNCHANGED,
+    paused: bool | Unchanged = UNCHANGED,
+) -> ChannelSettings:
+    """Changes the settings it is given and keeps the others; returns the channel's settings after it.
+
+    Only the keyword arguments passed change; the defaults (:data:`UNCHANGED`) keep the current value.
+    ``None`` removes: ``max_concurrency=None`` the concurrency cap, ``rate_limit=None`` the rate limit
+    (and its burst, which goes back to 1). A burst belongs to a rate limit: a ``burst`` other than 1
+    for a channel left without one is refused. A channel that has no settings yet starts from the
+    defaults (no cap, no rate limit, burst 1, weight 1, not paused); with nothing to change, nothing
+    is written and the current settings are returned. The values mean what
+    :func:`fairqueue.configure_channel`'s mean, and are checked the same way.
+
+    Every value is checked before the database is touched: a bad one raises
+    :class:`InvalidChannelConfigError` and nothing is written (the burst-without-rate-limit check
+    needs the current settings: it is made after reading them, before writing, and the caller's
+    transaction stays usable).
+
+    Runs in the caller's transaction (``db`` as for :func:`fairqueue.enqueue`): it takes the channel's
+    settings lock (the one configure_channel takes), reads the settings, merges and writes them all
+    with configure_channel. Concurrent edits of one channel queue up on that lock until each
+    transaction ends, so edits of different settings all land; keep the transaction short. It needs
+    no write privilege on any table: the ``admin`` level of ``fairqueue grant`` is enough.
+    """
+    rate_text = None if rate_limit is None or rate_limit is UNCHANGED else parse_rate_limit(rate_limit)[0]
+    # the checks of configure_channel, on what was given (placeholders stand for the rest)
+    channel, *_ = check_channel_settings(
+        name,
+        None if max_concurrency is UNCHANGED else max_concurrency,
+        1 if weight is UNCHANGED else weight,
+        False if paused is UNCHANGED else paused,
+        1 if burst is UNCHANGED else burst,
+    )
+    if rate_limit is None and burst is not UNCHANGED and burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+
+    ex = executor_for(db)
+    if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst, weight, paused)):
+        [current] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
+        return ChannelSettings(channel, *current)
+    ex.rows(Q.channel_edit_lock, (channel,))
+    [current] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
+    cap, rate, rate_burst, weight_now, paused_now = current
+    if max_concurrency is not UNCHANGED:
+        cap = max_concurrency
+    if rate_limit is not UNCHANGED:
+        rate = rate_text
+    if burst is not UNCHANGED:
+        rate_burst = burst
+    elif rate is None:
+        rate_burst = 1.0  # the rate limit is gone (or never was): so is its burst
+    if rate is None and rate_burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    settings = ChannelSettings(
+        name=channel,
+        max_concurrency=cap,
+        rate_limit=rate,
+        burst=float(rate_burst),
+        weight=weight_now if weight is UNCHANGED else weight,
+        paused=paused_now if paused is UNCHANGED else paused,
+    )
+    configure_channel(
+        ex,
+        channel,
+        max_concurrency=settings.max_concurrency,
+        rate_limit=settings.rate_limit,
+        burst=settings.burst,
+        weight=settings.weight,
+        paused=settings.paused,
+    )
+    return settings

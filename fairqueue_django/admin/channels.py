@@ -1,0 +1,323 @@
+"""Channels: backlog and settings, the form that changes some of them and the pause/resume actions
+(through fairqueue.update_channel), and channels that have jobs but no settings yet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin.views.main import SEARCH_VAR
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
+
+import fairqueue
+from fairqueue.errors import InvalidChannelConfigError
+from fairqueue.validation import check_channel_settings, parse_rate_limit
+from fairqueue_django import conf
+from fairqueue_django.admin.base import BOTH_PLACES, MAX_ACTION_ITEMS, QueueAdmin, admin_link, has_nul, time_field
+from fairqueue_django.models import Channel, Job, RunningJob, ScheduledJob
+
+LIMIT_FIELDS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
+
+
+def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
+    """Changes some of a channel's settings (named as in LIMIT_FIELDS), keeping the others: what
+    ``fairqueue channels set`` does, with fairqueue.update_channel in a transaction of fairqueue's
+    database. Returns the settings written."""
+    unknown = set(changes) - set(LIMIT_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown channel settings: {sorted(unknown)}")
+    alias = conf.get().database
+    given = {"burst" if key == "rate_burst" else key: value for key, value in changes.items()}
+    with transaction.atomic(using=alias):
+        result = fairqueue.update_channel(connections[alias], name, **given)
+    return {
+        "max_concurrency": result.max_concurrency,
+        "rate_limit": result.rate_limit,
+        "rate_burst": result.burst,
+        "weight": result.weight,
+        "paused": result.paused,
+    }
+
+
+#: A channel row's settings before anyone configured it (the table's defaults).
+CHANNEL_DEFAULTS: dict[str, Any] = {
+    "weight": 1,
+    "max_concurrency": None,
+    "rate_limit": None,
+    "rate_per_second": None,
+    "rate_burst": 1.0,
+    "paused": False,
+    "active": False,
+    "running": 0,
+    "vtime": None,
+    "served_at": None,
+    "tokens": None,
+    "tokens_at": None,
+    "throttled_until": None,
+    "created_at": None,
+    "eligible": False,
+}
+
+
+def unconfigured_channel(name: str) -> Channel | None:
+    """A channel that has live jobs but no row yet, as an unsaved Channel with the default settings
+    (and the counts ``with_counts`` adds); None if no live job names it.
+
+    The row appears when a worker first serves the channel or someone configures it, so a new
+    tenant's flood has none until then. Ready jobs are counted on the index on (channel, job_id);
+    only a channel without ready or running jobs makes it read the job table (up to its first job).
+    """
+    if not name or len(name) > 200 or "\x00" in name:
+        return None
+    # each count on its partial index: ready jobs by (channel, job_id), running ones by worker
+    backlog = RunningJob.objects.filter(channel=name, worker_id__isnull=True).count()
+    running = RunningJob.objects.filter(channel=name, worker_id__isnull=False).count()
+    if not backlog and not running and not Job.objects.filter(channel=name).exists():
+        return None
+    channel = Channel(name=name, **CHANNEL_DEFAULTS)
+    channel.backlog = backlog
+    channel.running_jobs = running
+    channel.scheduled_jobs = ScheduledJob.objects.filter(channel=name).count()
+    return channel
+
+
+class ChannelLimitsForm(forms.ModelForm):
+    """The settings configure_channel takes. Each field carries the value it had when the page was
+    drawn (show_hidden_initial), so saving writes only what the user changed: a pause from another
+    admin in the meantime is not undone by saving an older page."""
+
+    max_concurrency = forms.IntegerField(
+        required=False,
+        show_hidden_initial=True,
+        help_text="Jobs of this channel running at once across all workers. Empty: no cap.",
+    )
+    rate_limit = forms.CharField(
+        required=False,
+        show_hidden_initial=True,
+        help_text="Jobs started per period across all workers, e.g. 10/s, 600/m, 5/h or 3/10s. Empty: no limit.",
+    )
+    rate_burst = forms.FloatField(
+        label="Burst",
+        show_hidden_initial=True,
+        help_text="How many may start back to back after a quiet spell (with a rate limit; 1 spaces them evenly).",
+    )
+    weight = forms.IntegerField(
+        show_hidden_initial=True, help_text="Share of service among busy channels (2 gets twice the share of 1)."
+    )
+    paused = forms.BooleanField(
+        required=False, show_hidden_initial=True, help_text="No job of this channel starts; jobs still queue."
+    )
+
+    class Meta:
+        model = Channel
+        fields = LIMIT_FIELDS
+
+    def clean_rate_limit(self) -> str | None:
+        text = (self.cleaned_data.get("rate_limit") or "").strip()
+        if not text:
+            return None
+        try:
+            parse_rate_limit(text)
+        except InvalidChannelConfigError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return text
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if any(name in self.errors for name in LIMIT_FIELDS):
+            return data
+        try:
+            check_channel_settings(
+                self.instance.name, data["max_concurrency"], data["weight"], data["paused"], data["rate_burst"]
+            )
+            if data["rate_limit"] is None and data["rate_burst"] != 1:
+                if "rate_burst" in self.changed_data:
+                    raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+                data["rate_burst"] = 1.0  # the rate limit was removed: its burst goes with it
+        except InvalidChannelConfigError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+@admin.register(Channel)
+class ChannelAdmin(QueueAdmin):
+    form = ChannelLimitsForm
+    list_display = (
+        "name",
+        "backlog",
+        "running_now",
+        "max_concurrency",
+        "rate_limit",
+        "rate_burst",
+        "weight",
+        "paused",
+        "active",
+    )
+    list_filter = ("paused", "active")
+    search_fields = ("name",)
+    search_help_text = (
+        "Part of a channel name. A channel with jobs that no worker has served yet has no settings and is "
+        "not listed: search its exact name, or open it from the Queue overview."
+    )
+    ordering = ("name",)
+    actions = ("pause_channels", "resume_channels")
+    fieldsets = (
+        (None, {"fields": ("name",)}),
+        (
+            "Limits",
+            {
+                "fields": LIMIT_FIELDS,
+                "description": "Saved with fairqueue.configure_channel. Settings you leave as they are keep "
+                "their current values, even if someone changes them while this page is open.",
+            },
+        ),
+        (
+            "State",
+            {
+                "fields": (
+                    "backlog",
+                    "running_now",
+                    "scheduled",
+                    "active",
+                    "throttled",
+                    "tokens",
+                    "vtime",
+                    "last_served",
+                    "created",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "name",
+        "backlog",
+        "running_now",
+        "scheduled",
+        "active",
+        "throttled",
+        "tokens",
+        "vtime",
+        "last_served",
+        "created",
+    )
+
+    throttled = time_field("throttled_until", "throttled until")
+    last_served = time_field("served_at", "last served")
+    created = time_field("created_at", "created")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        # no scheduled count in the list: without an index by channel it would read scheduled_job per row
+        return super().get_queryset(request).with_counts(scheduled=False)
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Channel | None:
+        channel = super().get_object(request, object_id, from_field)
+        if channel is None and from_field is None:
+            channel = unconfigured_channel(object_id)  # jobs but no row yet: shown with the defaults
+        elif channel is not None and not hasattr(channel, "scheduled_jobs"):
+            channel.scheduled_jobs = ScheduledJob.objects.filter(channel=channel.name).count()
+        return channel
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj._state.adding:
+            return fieldsets
+        note = (
+            "No worker has served this channel yet and nobody configured it: it runs with the defaults "
+            "below. Saving or pausing creates its settings (fairqueue.configure_channel)."
+        )
+        return [
+            (title, {**options, "description": note}) if title == "Limits" else (title, options)
+            for title, options in fieldsets
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        term = request.GET.get(SEARCH_VAR, "").strip()
+        if has_nul(request):
+            raise BadRequest("a parameter holds a NUL character")
+        if term and not Channel.objects.filter(name=term).exists() and unconfigured_channel(term) is not None:
+            self.message_user(
+                request,
+                format_html(
+                    "Channel {} has live jobs but no settings yet, so it is not listed: {}.",
+                    term,
+                    admin_link("admin:fairqueue_channel_change", term, "open it to pause it or set limits"),
+                ),
+                messages.INFO,
+            )
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="backlog (ready)", ordering="backlog")
+    def backlog(self, obj: Channel) -> Any:
+        query = urlencode({"channel": obj.name, "status": "ready"})
+        return format_html(
+            '<a href="{}?{}">{}</a>', reverse("admin:fairqueue_job_changelist"), query, getattr(obj, "backlog", 0)
+        )
+
+    @admin.display(description="running", ordering="running_jobs")
+    def running_now(self, obj: Channel) -> Any:
+        return getattr(obj, "running_jobs", 0)
+
+    @admin.display(description="scheduled")
+    def scheduled(self, obj: Channel) -> Any:
+        return getattr(obj, "scheduled_jobs", 0)
+
+    def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in LIMIT_FIELDS}
+        if not changes:
+            return
+        try:
+            edit_channel(obj.name, **changes)
+        except InvalidChannelConfigError:
+            if "rate_burst" not in changes or "rate_limit" in changes:
+                raise
+            # the form checked the burst against the rate limit on the page; someone removed that rate
+            # limit meanwhile, and its burst goes with it
+            del changes["rate_burst"]
+            edit_channel(obj.name, **changes)
+
+    def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        names = list(queryset.order_by("name").values_list("name", flat=True)[: MAX_ACTION_ITEMS + 1])
+        if not names and f"{ActionLocation.CHANGE_FORM.value}-action" in request.POST:
+            # the page of a channel that has jobs but no row yet (get_object showed it with the defaults)
+            selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            names = [name for name in selected[:1] if unconfigured_channel(name) is not None]
+        if self._too_many(request, len(names), "channels"):
+            return
+        verb = "paused" if paused else "resumed"
+
+        def apply(name: str) -> str:
+            edit_channel(name, paused=paused)
+            return verb
+
+        for name, state in self._per_item(
+            request, names, apply, {verb: (messages.SUCCESS, verb)}, lambda name: f"Channel {name}"
+        ):
+            if state is not None:
+                self.log_change(request, Channel(name=name), f"{verb.capitalize()}.")
+
+    @admin.action(
+        permissions=["change"],
+        description="Pause this channel",
+        description_plural="Pause selected channels",
+        location=BOTH_PLACES,
+    )
+    def pause_channels(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(
+        permissions=["change"],
+        description="Resume this channel",
+        description_plural="Resume selected channels",
+        location=BOTH_PLACES,
+    )
+    def resume_channels(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, False)

@@ -1,0 +1,101 @@
+"""Periodic (cron) schedules: their last and next tick; pausing and resuming them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import connections, transaction
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from fairqueue_django import conf
+from fairqueue_django.admin.base import QueueAdmin, aware, local_time
+from fairqueue_django.models import PeriodicSchedule
+
+
+@admin.register(PeriodicSchedule)
+class PeriodicScheduleAdmin(QueueAdmin):
+    list_display = ("name", "cron", "timezone", "kind", "channel", "state", "last_run", "next_run", "last_job")
+    list_filter = ("paused",)
+    search_fields = ("name", "kind")
+    ordering = ("name",)
+    actions = ("pause_schedules", "resume_schedules")
+    fields = (
+        "name",
+        "cron",
+        "timezone",
+        "kind",
+        "channel",
+        "pretty_args",
+        "missed",
+        "state",
+        "last_run",
+        "next_run",
+        "last_job",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj: PeriodicSchedule) -> str:
+        return "paused" if obj.paused else "active"
+
+    @admin.display(description="last tick", ordering="last_tick")
+    def last_run(self, obj: PeriodicSchedule) -> str:
+        return local_time(obj.last_tick)
+
+    @admin.display(description="next tick")
+    def next_run(self, obj: PeriodicSchedule) -> str:
+        from fairqueue.cron import CronSchedule
+        from fairqueue.errors import ConfigurationError
+
+        if obj.paused:
+            return "paused"
+        now = datetime.now(UTC)
+        try:
+            upcoming = CronSchedule.parse(obj.cron, obj.timezone).next_after(
+                now if obj.last_tick is None else max(now, aware(obj.last_tick))
+            )
+        except (ConfigurationError, ValueError):
+            return "?"
+        return local_time(upcoming)
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).with_last_job_status()
+
+    @admin.display(description="last job")
+    def last_job(self, obj: PeriodicSchedule) -> str:
+        if obj.last_job_id is None:
+            return "-"
+        return f"{obj.last_job_id} ({getattr(obj, 'last_job_status', None) or 'gone'})"
+
+    @admin.display(description="args")
+    def pretty_args(self, obj: PeriodicSchedule) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.args, indent=2, sort_keys=True))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # read-only pages; pausing goes through the actions
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
+        from fairqueue.periodic import pause
+
+        names = [obj.name for obj in queryset]
+        with transaction.atomic(using=conf.get().database):
+            for name in names:
+                pause(connections[conf.get().database], name, paused=paused)
+        verb = "paused" if paused else "resumed"
+        self.message_user(request, f"{len(names)} schedule(s) {verb}: {', '.join(names)}", messages.SUCCESS)
+
+    @admin.action(permissions=["pause"], description="Pause selected schedules")
+    def pause_schedules(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(permissions=["pause"], description="Resume selected schedules")
+    def resume_schedules(self, request: HttpRequest, queryset: Any) -> None:
+        self._set_paused(request, queryset, False)

@@ -169,6 +169,28 @@ def test_bad_channel_settings_write_nothing_and_the_transaction_goes_on(caller: 
     assert _settings(caller, "acme") == (None, None, 2, False)
 
 
+def test_update_channel_changes_only_what_it_is_given_with_the_commit(caller: Caller) -> None:
+    fairqueue.configure_channel(caller.conn, "acme", max_concurrency=2, rate_limit="10/s", weight=3)
+    with caller.transaction() as tx:
+        assert fairqueue.update_channel(tx.db, "acme", paused=True).paused
+        tx.rollback()
+    assert _settings(caller, "acme") == (2, "10/s", 3, False)
+    with caller.transaction() as tx:
+        after = fairqueue.update_channel(tx.db, "acme", paused=True, max_concurrency=None)
+        tx.commit()
+    assert (after.max_concurrency, after.rate_limit, after.weight, after.paused) == (None, "10/s", 3, True)
+    assert _settings(caller, "acme") == (None, "10/s", 3, True)
+
+
+def test_a_bad_update_writes_nothing_and_the_transaction_goes_on(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        with pytest.raises(fairqueue.InvalidChannelConfigError):
+            fairqueue.update_channel(tx.db, "acme", weight=0)
+        fairqueue.update_channel(tx.db, "acme", weight=2)
+        tx.commit()
+    assert _settings(caller, "acme") == (None, None, 2, False)
+
+
 # -- a handler's transactional completion -----------------------------------------------------------
 
 

@@ -63,7 +63,19 @@ from fairqueue.sql import Q
 from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
 from fairqueue.text import clip
 from fairqueue.urls import redact, to_libpq, to_sqlalchemy
-from fairqueue.validation import WORKER_SECONDS_BOUNDS, check_result, check_text, clean_text
+from fairqueue.validation import check_result, clean_text
+from fairqueue.worker.config import LINGER, WorkerConfig
+from fairqueue.worker.connection import Connection
+
+__all__ = [
+    "EXIT_ABORTED",
+    "EXIT_OK",
+    "JobTransaction",
+    "Worker",
+    "WorkerConfig",
+    "describe",
+    "import_task_modules",
+]
 
 log = logging.getLogger("fairqueue.worker")
 T = TypeVar("T")
@@ -71,58 +83,11 @@ T = TypeVar("T")
 MAX_ERROR_CHARS = 32_000
 MAX_RETRY_IN = 365 * 86400.0  # the longest retry delay a replacement outcome keeps
 MAX_LISTED_TASKS = 1000  # task names a worker records in fairqueue.worker.info
-LINGER = 0.002  # seconds a freed slot waits for others before the worker claims for it alone
 RETRY_SOON = 0.002  # after a short claim while a channel is eligible, claim again this soon ...
 RETRY_SOON_MAX = 0.05  # ... backing off to this while those claims come back empty
 STOP_TRIES_FOR = 30.0  # seconds to keep stopping an abandoned handler before leaving its thread be
 EXIT_OK = 0
 EXIT_ABORTED = 1
-
-
-@dataclass
-class WorkerConfig:
-    database_url: str
-    concurrency: int = 10
-    batch: int | None = None  # most jobs per claim; default: the concurrency, at most 100
-    name: str | None = None
-    lease: float = 10.0  # seconds without a heartbeat before the fleet re-runs this worker's jobs
-    poll_interval: float = 1.0  # longest wait between claims when no notification arrives
-    grace: float = 30.0  # on SIGTERM: how long running jobs may take to finish
-    maintenance: bool = True
-    maintenance_interval: float = 1.0
-    partition_days_ahead: int = 3
-    reconnect_max: float = 5.0
-
-    def check(self) -> None:
-        def seconds(name: str, high: float) -> None:
-            value, zero_ok = getattr(self, name), name == "grace"
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or not (value >= 0 if zero_ok else value > 0) or value > high:
-                low = "zero or more" if zero_ok else "more than zero"
-                raise ConfigurationError(f"{name} must be {low} seconds and at most {high:g}, got {value!r}")
-
-        if not isinstance(self.concurrency, int) or not 1 <= self.concurrency <= 10_000:
-            raise ConfigurationError(f"concurrency must be a whole number from 1 to 10000, got {self.concurrency!r}")
-        if self.batch is not None and (not isinstance(self.batch, int) or not 1 <= self.batch <= 1000):
-            raise ConfigurationError(f"batch must be a whole number from 1 to 1000, got {self.batch!r}")
-        for name, high in WORKER_SECONDS_BOUNDS.items():
-            seconds(name, high)
-        days = self.partition_days_ahead
-        if not isinstance(days, int) or isinstance(days, bool) or not 0 <= days <= 365:
-            raise ConfigurationError(f"partition_days_ahead must be a whole number from 0 to 365, got {days!r}")
-        if self.name is not None:
-            try:
-                check_text("name", self.name)
-            except ValueError as exc:
-                raise ConfigurationError(f"worker {exc}") from None
-
-    @property
-    def claim_limit(self) -> int:
-        return self.batch or min(self.concurrency, 100)
-
-    @property
-    def heartbeat_every(self) -> float:
-        return self.lease / 4
 
 
 def _storable(outcome: Outcome) -> Outcome:
@@ -201,65 +166,6 @@ class _Done:
     at: float = field(default_factory=time.monotonic)  # when the outcome was handed in
 
 
-class _Connection:
-    """An autocommit connection reopened with backoff when it breaks; used by one thread only."""
-
-    def __init__(self, worker: Worker, role: str) -> None:
-        self.worker = worker
-        self.role = role
-        self.conn: psycopg.Connection[Any] | None = None
-        self.reopened = 0
-
-    def get(self) -> psycopg.Connection[Any]:
-        if self.conn is None or self.conn.closed:
-            self.conn = psycopg.connect(
-                self.worker.libpq_url, autocommit=True, application_name=f"fairqueue {self.role}", connect_timeout=10
-            )
-            self.on_open(self.conn)
-        return self.conn
-
-    def on_open(self, conn: psycopg.Connection[Any]) -> None:
-        """Hook for setting a fresh connection up."""
-
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):  # closing a broken connection may fail; it is gone anyway
-                self.conn.close()
-            self.conn = None
-
-    def call(self, what: str, fn: Callable[[psycopg.Connection[Any]], T], *, give_up: Callable[[], bool]) -> T:
-        """Runs fn on the connection, retrying through lost connections and transient errors until
-        ``give_up()`` says stop (then the last error is raised)."""
-        failures = 0
-        while True:
-            try:
-                return fn(self.get())
-            except UnknownWorkerError:
-                raise
-            except psycopg.Error as exc:
-                transient = isinstance(exc, psycopg.OperationalError) or exc.sqlstate in ("40001", "40P01", "55P03")
-                if not transient:
-                    raise
-                broken = self.conn is None or self.conn.closed or self.conn.broken
-                if broken:
-                    self.close()
-                    self.reopened += 1
-                    self.worker.metrics.reconnected(self.role)
-                failures += 1
-                delay = min(self.worker.config.reconnect_max, 0.05 * 2 ** min(failures, 10)) * random.uniform(0.5, 1)
-                log.warning(
-                    "database call failed; retrying",
-                    extra={
-                        "connection": self.role,
-                        "call": what,
-                        "error": db_error_text(exc),
-                        "retry_in": round(delay, 3),
-                    },
-                )
-                if give_up() or self.worker._aborted.wait(delay):
-                    raise
-
-
 class Worker:
     """A worker process's runtime. ``Worker(config).run()`` blocks until stopped; returns the exit code."""
 
@@ -310,10 +216,10 @@ class Worker:
         self._engine: Any = None
         self._async_pool: list[psycopg.AsyncConnection[Any]] = []  # used on the event loop thread only
         self._stopping_threads: list[_Running] = []  # abandoned sync handlers not yet stopped
-        self._db = _Connection(self, "dispatcher")
-        self._finish_db = _Connection(self, "finisher")
-        self._listener_db = _Connection(self, "listener")
-        self._maintenance_db = _Connection(self, "maintenance")
+        self._db = Connection("dispatcher", self.libpq_url, config, self.metrics, self._aborted)
+        self._finish_db = Connection("finisher", self.libpq_url, config, self.metrics, self._aborted)
+        self._listener_db = Connection("listener", self.libpq_url, config, self.metrics, self._aborted)
+        self._maintenance_db = Connection("maintenance", self.libpq_url, config, self.metrics, self._aborted)
         self.is_maintainer = False
         self._needs_reconcile = False
         self._freed_at: float | None = None  # when a slot first freed up since the last claim

@@ -25,7 +25,6 @@ import ctypes
 import functools
 import json
 import logging
-import math
 import os
 import queue
 import random
@@ -33,18 +32,15 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
 from fairqueue._db import db_error_text
-from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
     Finished,
@@ -61,11 +57,12 @@ from fairqueue.metrics import Metrics
 from fairqueue.migrations import check_schema
 from fairqueue.sql import Q
 from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTimeout, Registry, Task, registry
-from fairqueue.text import clip
-from fairqueue.urls import redact, to_libpq, to_sqlalchemy
-from fairqueue.validation import check_result, clean_text
+from fairqueue.urls import redact, to_libpq
 from fairqueue.worker.config import LINGER, WorkerConfig
 from fairqueue.worker.connection import Connection
+from fairqueue.worker.outcomes import failure, storable, substitute, timed_out, unknown_task, unstorable_result
+from fairqueue.worker.state import Done, Running
+from fairqueue.worker.transactions import HandlerTransactions, JobTransaction, job_transaction_of, rollback
 
 __all__ = [
     "EXIT_ABORTED",
@@ -80,8 +77,6 @@ __all__ = [
 log = logging.getLogger("fairqueue.worker")
 T = TypeVar("T")
 
-MAX_ERROR_CHARS = 32_000
-MAX_RETRY_IN = 365 * 86400.0  # the longest retry delay a replacement outcome keeps
 MAX_LISTED_TASKS = 1000  # task names a worker records in fairqueue.worker.info
 RETRY_SOON = 0.002  # after a short claim while a channel is eligible, claim again this soon ...
 RETRY_SOON_MAX = 0.05  # ... backing off to this while those claims come back empty
@@ -90,80 +85,9 @@ EXIT_OK = 0
 EXIT_ABORTED = 1
 
 
-def _storable(outcome: Outcome) -> Outcome:
-    """The outcome with an error text PostgreSQL can store (see clean_text) and of bounded size."""
-    if outcome.error is None:
-        return outcome
-    error = clean_text(clip(outcome.error, 2 * MAX_ERROR_CHARS))
-    return outcome if error is outcome.error else replace(outcome, error=error)
-
-
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     # Raises exc in another thread at its next Python instruction (NULL clears a pending one).
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
-
-
-class JobTransaction(Protocol):
-    """The transaction a handler's context opened, in which its job's completion is recorded."""
-
-    @property
-    def db(self) -> object:
-        """What fairqueue's calls accept (a SQLAlchemy Session, a Django connection, ...)."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-    def close(self) -> None:
-        """Ends it if still open (rolling back); safe to call twice."""
-        ...
-
-
-class _SessionTransaction:
-    """``ctx.session``: a SQLAlchemy Session on the worker's handler pool."""
-
-    def __init__(self, session: Any) -> None:
-        self.session = session
-
-    @property
-    def db(self) -> object:
-        return self.session
-
-    def commit(self) -> None:
-        self.session.commit()
-
-    def rollback(self) -> None:
-        self.session.rollback()
-
-    def close(self) -> None:
-        self.session.close()
-
-
-@dataclass(eq=False)
-class _Running:
-    job: ClaimedJob
-    worker_id: int
-    task: Task[Any, Any] | None
-    ctx: JobContext
-    claimed: float = field(default_factory=time.monotonic)
-    started: float | None = None
-    deadline: float | None = None
-    state: str = "queued"  # queued -> running -> settling -> done | abandoned | released
-    thread_id: int | None = None
-    thread_done: bool = False  # its slot thread left the job (set under lock)
-    stop_with: type[BaseException] | None = None  # the exception injected into an abandoned handler
-    abandoned_at: float = 0.0
-    future: Future[None] | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class _Done:
-    running: _Running
-    outcome: Outcome | None  # None: already recorded in the handler's transaction
-    recorded: Finished | None = None
-    at: float = field(default_factory=time.monotonic)  # when the outcome was handed in
 
 
 class Worker:
@@ -189,18 +113,18 @@ class Worker:
         self.claimed_total = 0
         self.finished_total = 0
 
-        self._inflight: dict[int, _Running] = {}
+        self._inflight: dict[int, Running] = {}
         # Outcomes waiting to be recorded by the finisher thread; guarded by _pending_ready.
-        self._pending: list[_Done] = []
+        self._pending: list[Done] = []
         self._pending_ready = threading.Condition()
         self._finisher_stop = False
-        self._completions: list[_Done] = []
+        self._completions: list[Done] = []
         self._completions_lock = threading.Lock()
         # Sync jobs for the slot threads. One idle thread is woken per batch (a token in _wake_slot),
         # and a thread that takes a job wakes another while jobs remain: short jobs are run by the
         # threads already awake instead of costing a thread wake-up each, and long ones still get a
         # thread each at once. (deque appends and pops are atomic; a token may find nothing left.)
-        self._work: collections.deque[_Running] = collections.deque()
+        self._work: collections.deque[Running] = collections.deque()
         self._wake_slot: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._slots_closed = False
         self._wake = threading.Event()
@@ -213,9 +137,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._slot_threads = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._engine: Any = None
-        self._async_pool: list[psycopg.AsyncConnection[Any]] = []  # used on the event loop thread only
-        self._stopping_threads: list[_Running] = []  # abandoned sync handlers not yet stopped
+        self._transactions = HandlerTransactions(config, self.libpq_url, self._count_finished)
+        self._stopping_threads: list[Running] = []  # abandoned sync handlers not yet stopped
         self._db = Connection("dispatcher", self.libpq_url, config, self.metrics, self._aborted)
         self._finish_db = Connection("finisher", self.libpq_url, config, self.metrics, self._aborted)
         self._listener_db = Connection("listener", self.libpq_url, config, self.metrics, self._aborted)
@@ -450,7 +373,7 @@ class Worker:
             worker_id=worker_id,
             timeout=timeout,
         )
-        r = _Running(job=job, worker_id=worker_id, task=task, ctx=ctx)
+        r = Running(job=job, worker_id=worker_id, task=task, ctx=ctx)
         if timeout is not None:
             r.deadline = time.monotonic() + timeout
         self._inflight[job.id] = r
@@ -513,79 +436,59 @@ class Worker:
                     try:
                         self._run_sync(r)
                     except BaseException as exc:  # from around_job or the runtime, not the handler
-                        if self._settle(r):
-                            self._complete(r, self._failure(r, exc))
+                        if r.settle():
+                            self._complete(r, failure(r, exc))
                 with r.lock:
                     r.thread_done = True
                     if r.state == "abandoned":
                         return  # a replacement slot thread was started when this job was abandoned
 
-    def _begin(self, r: _Running) -> bool:
-        with r.lock:
-            if r.state != "queued":
-                return False
-            r.state = "running"
-            r.thread_id = threading.get_ident()
-            r.started = time.monotonic()
-            return True
-
-    def _settle(self, r: _Running) -> bool:
-        """Marks the handler done; False if the dispatcher abandoned the job first (timeout, cancel)."""
-        with r.lock:
-            if r.state != "running":
-                return False
-            r.state = "settling"
-            # No stop can be pending for this thread: one is only injected into an abandoned job's
-            # thread (under this lock, after the state left "running"), and such a thread never
-            # takes another job.
-            return True
-
-    def _run_sync(self, r: _Running) -> None:
-        if not self._begin(r):
+    def _run_sync(self, r: Running) -> None:
+        if not r.begin():
             return
         task = r.task
         if task is None:
-            if self._settle(r):
-                self._complete(r, self._unknown_task(r))
+            if r.settle():
+                self._complete(r, unknown_task(r, self.tasks))
             return
         arguments = self._arguments(r, task)
         if arguments is None:
             return
         positional, keywords = arguments
         if task.pass_context:
-            r.ctx._opener = self._open_session
+            r.ctx._opener = self._transactions.open_session
             r.ctx._atomic_opener = self.job_transaction
         with self.around_job() if self.around_job is not None else contextlib.nullcontext():
             self._call_sync(r, task, positional, keywords)
 
-    def _call_sync(self, r: _Running, task: Task[Any, Any], positional: list[Any], keywords: dict[str, Any]) -> None:
+    def _call_sync(self, r: Running, task: Task[Any, Any], positional: list[Any], keywords: dict[str, Any]) -> None:
         try:
             try:
                 result = task.fn(*positional, **keywords)
-                encoded_ok = self._check_result(r, result)
+                encoded_ok = unstorable_result(r, result)
             except BaseException as exc:
-                if not self._settle(r):
+                if not r.settle():
                     return
-                self._rollback(r)
-                self._complete(r, self._failure(r, exc))
+                rollback(r)
+                self._complete(r, failure(r, exc))
                 return
-            if not self._settle(r):
+            if not r.settle():
                 return
             if isinstance(encoded_ok, Outcome):
-                self._rollback(r)
+                rollback(r)
                 self._complete(r, encoded_ok)
                 return
             if r.ctx.transactional:
-                self._complete(r, self._commit_with_completion(r, result))
+                self._complete(r, self._transactions.commit(r, result))
             else:
                 self._complete(r, Outcome(r.job.id, "succeeded", result=result))
         finally:
-            txn = self._job_transaction_of(r)
+            txn = job_transaction_of(r)
             if txn is not None:
                 txn.close()
 
-    async def _run_async(self, r: _Running) -> None:
-        if not self._begin(r):
+    async def _run_async(self, r: Running) -> None:
+        if not r.begin():
             return
         task = r.task
         assert task is not None
@@ -594,45 +497,45 @@ class Worker:
             return
         positional, keywords = arguments
         if task.pass_context:
-            r.ctx._async_opener = self._open_async_connection
+            r.ctx._async_opener = self._transactions.open_async_connection
         deadline: asyncio.Timeout | None = None
         try:
             coro = task.fn(*positional, **keywords)
             async with asyncio.timeout(r.ctx.timeout) as deadline:
                 result = await coro
-            outcome = self._check_result(r, result)
+            outcome = unstorable_result(r, result)
             if outcome is None and r.ctx._async_connection is not None:
-                outcome = await self._commit_async_with_completion(r, result)
+                outcome = await self._transactions.commit_async(r, result)
             elif outcome is None:
                 outcome = Outcome(r.job.id, "succeeded", result=result)
         except TimeoutError as exc:
             # ours only if our deadline fired; a handler's own TimeoutError is an ordinary failure
-            outcome = self._timed_out(r) if deadline is not None and deadline.expired() else self._failure(r, exc)
+            outcome = timed_out(r) if deadline is not None and deadline.expired() else failure(r, exc)
         except asyncio.CancelledError:
             if not r.ctx.cancel_requested:
                 raise
             outcome = Outcome(r.job.id, "cancelled", error="cancelled while running")
         except Exception as exc:
-            outcome = self._failure(r, exc)
+            outcome = failure(r, exc)
         finally:
-            await self._put_back_async_connection(r)
-        if self._settle(r):
+            await self._transactions.put_back_async_connection(r)
+        if r.settle():
             self._complete(r, outcome)
 
-    def _arguments(self, r: _Running, task: Task[Any, Any]) -> tuple[list[Any], dict[str, Any]] | None:
+    def _arguments(self, r: Running, task: Task[Any, Any]) -> tuple[list[Any], dict[str, Any]] | None:
         """The handler's arguments from the job's args; None (and the job failed for good) if they do
         not fit its signature: retrying cannot help."""
         try:
             positional, keywords = task.call_arguments(r.job.args)
         except BadArgumentsError as exc:
-            if self._settle(r):
+            if r.settle():
                 self._complete(r, Outcome(r.job.id, "failed", error=f"bad arguments: {exc}"))
             return None
         if task.pass_context:
             positional.insert(0, r.ctx)
         return positional, keywords
 
-    def _async_finished(self, r: _Running, future: Future[None]) -> None:
+    def _async_finished(self, r: Running, future: Future[None]) -> None:
         """Records an outcome for an async job whose coroutine did not record one itself: cancelled
         (the cancel reaches the coroutine later, if ever: the loop may be blocked), or ended by an
         error of the runtime."""
@@ -642,7 +545,7 @@ class Worker:
                 r.job.id, "cancelled", error="cancelled while running" if started else "cancelled before it started"
             )
         elif (exc := future.exception()) is not None:
-            outcome = self._failure(r, exc)
+            outcome = failure(r, exc)
         else:
             return
         with r.lock:
@@ -651,154 +554,11 @@ class Worker:
             r.state = "settling"
         self._complete(r, outcome)
 
-    def _check_result(self, r: _Running, result: Any) -> Outcome | None:
-        try:
-            check_result(result, limit=settings.max_result_bytes)
-        except Exception as exc:
-            return Outcome(r.job.id, "failed", error=f"the handler's return value cannot be stored: {exc}")
-        return None
-
-    def _unknown_task(self, r: _Running) -> Outcome:
-        known = ", ".join(self.tasks.names()[:20]) or "none: start the worker with --import MODULE"
-        return Outcome(
-            r.job.id,
-            "failed",
-            error=f"unknown task {r.job.kind!r}: no task of that name is registered in this worker (known: {known})",
-            retry_in=self._retry_in(r),
-        )
-
-    def _retry_in(self, r: _Running) -> float | None:
-        if r.job.attempt >= r.job.max_attempts:
-            return None
-        return r.task.backoff.delay(r.job.attempt) if r.task else min(300.0, 2.0**r.job.attempt)
-
-    def _timed_out(self, r: _Running) -> Outcome:
-        limit = f"{r.ctx.timeout:g} s" if r.ctx.timeout is not None else "its time limit"
-        return Outcome(r.job.id, "timed_out", error=f"timed out after {limit}", retry_in=self._retry_in(r))
-
-    def _failure(self, r: _Running, exc: BaseException) -> Outcome:
-        if isinstance(exc, JobTimeout):
-            return Outcome(
-                r.job.id, "timed_out", error=f"timed out after {r.ctx.timeout:g} s", retry_in=self._retry_in(r)
-            )
-        if isinstance(exc, JobCancelled):
-            return Outcome(r.job.id, "cancelled", error="cancelled while running")
-        try:
-            message = str(exc)
-        except Exception:
-            message = "<its str() failed>"
-        try:
-            text = "".join(traceback.format_exception(exc))
-        except Exception:
-            text = "(no traceback: formatting it failed)"
-        message, text = clip(message, MAX_ERROR_CHARS, " [...] "), clip(text, MAX_ERROR_CHARS)
-        error = clean_text(f"{type(exc).__name__}: {message}\n\n{text}")
-        return Outcome(r.job.id, "failed", error=error, retry_in=self._retry_in(r))
-
-    # -- transactional handlers -----------------------------------------------------------------------
-
-    def _open_session(self) -> Any:
-        from sqlalchemy import create_engine
-        from sqlalchemy.orm import Session
-
-        if self._engine is None:
-            self._engine = create_engine(
-                to_sqlalchemy(self.config.database_url),
-                pool_size=self.config.concurrency,
-                max_overflow=self.config.concurrency,
-                pool_pre_ping=True,
-                connect_args={"application_name": "fairqueue handler"},
-            )
-        return Session(self._engine)
-
-    def _job_transaction_of(self, r: _Running) -> JobTransaction | None:
-        if r.ctx._atomic is not None:
-            txn: JobTransaction = r.ctx._atomic
-            return txn
-        return _SessionTransaction(r.ctx._session) if r.ctx._session is not None else None
-
-    def _rollback(self, r: _Running) -> None:
-        txn = self._job_transaction_of(r)
-        if txn is not None:
-            try:
-                txn.rollback()
-            except Exception:
-                log.debug("rollback failed", exc_info=True)
-
-    def _commit_with_completion(self, r: _Running, result: Any) -> Outcome | None:
-        """Records success in the handler's own transaction and commits both; None when done."""
-        txn = self._job_transaction_of(r)
-        assert txn is not None
-        try:
-            recorded = finish(txn.db, r.worker_id, [Outcome(r.job.id, "succeeded", result=result)])
-            if not recorded:
-                # the job is no longer ours (lease expired, re-run elsewhere): its effects must not commit
-                txn.rollback()
-                log.warning("job was taken from this worker; its transaction was rolled back", extra=self._fields(r))
-                return None
-            txn.commit()
-            self._count_finished(r, "succeeded")
-            return None
-        except Exception as exc:
-            self._rollback(r)
-            # If the commit did land, the job is finished and this failure is skipped when recorded.
-            return Outcome(
-                r.job.id,
-                "failed",
-                error=f"could not commit the job's transaction: {' '.join(str(exc).split())}",
-                retry_in=self._retry_in(r) if r.job.attempt < r.job.max_attempts else None,
-            )
-
-    async def _open_async_connection(self) -> psycopg.AsyncConnection[Any]:
-        while self._async_pool:
-            conn = self._async_pool.pop()
-            if not conn.closed and not conn.broken:
-                return conn
-        return await psycopg.AsyncConnection.connect(self.libpq_url, application_name="fairqueue handler")
-
-    async def _put_back_async_connection(self, r: _Running) -> None:
-        conn, r.ctx._async_connection = r.ctx._async_connection, None
-        if conn is None:
-            return
-        try:
-            await conn.rollback()  # no-op after a commit; undoes the handler's writes otherwise
-        except psycopg.Error:
-            await conn.close()
-            return
-        if len(self._async_pool) < self.config.concurrency:
-            self._async_pool.append(conn)
-        else:
-            await conn.close()
-
-    async def _commit_async_with_completion(self, r: _Running, result: Any) -> Outcome | None:
-        """The async twin of :meth:`_commit_with_completion`."""
-        conn = r.ctx._async_connection
-        assert conn is not None
-        try:
-            encoded = check_result(result, limit=settings.max_result_bytes)
-            async with conn.cursor() as cur:
-                await cur.execute(Q.finish, (r.worker_id, [r.job.id], ["succeeded"], [encoded], [None], [None]))
-                recorded = await cur.fetchall()
-            if not recorded:
-                await conn.rollback()
-                log.warning("job was taken from this worker; its transaction was rolled back", extra=self._fields(r))
-                return None
-            await conn.commit()
-            self._count_finished(r, "succeeded")
-            return None
-        except Exception as exc:
-            return Outcome(
-                r.job.id,
-                "failed",
-                error=f"could not commit the job's transaction: {' '.join(str(exc).split())}",
-                retry_in=self._retry_in(r),
-            )
-
     # -- outcomes -----------------------------------------------------------------------------------
 
-    def _complete(self, r: _Running, outcome: Outcome | None) -> None:
+    def _complete(self, r: Running, outcome: Outcome | None) -> None:
         with self._completions_lock:
-            self._completions.append(_Done(r, outcome))
+            self._completions.append(Done(r, outcome))
             first = len(self._completions) == 1
         if first:  # the dispatcher takes them all at once; one wake-up per collection is enough
             self._wake.set()
@@ -821,9 +581,9 @@ class Worker:
         if done:
             self.metrics.set_slots(self.config.concurrency, len(self._inflight))
 
-    def _add_pending(self, d: _Done) -> None:
+    def _add_pending(self, d: Done) -> None:
         if d.outcome is not None:
-            d.outcome = _storable(d.outcome)
+            d.outcome = storable(d.outcome)
         with self._pending_ready:
             self._pending.append(d)
             n = len(self._pending)
@@ -874,12 +634,12 @@ class Worker:
             return 0.0
         return self._pending[0].at + LINGER - time.monotonic()
 
-    def _record_pending(self, batch: list[_Done]) -> None:
+    def _record_pending(self, batch: list[Done]) -> None:
         """Records these outcomes, one round trip per worker id. Lost connections are retried
         inside; any other failure falls back to one outcome at a time, so that an outcome the
         database refuses cannot hold up the others, and one it still refuses is replaced by a
         failure that says why. Outcomes not recorded stay pending (their jobs stay ours) for next time."""
-        by_worker: dict[int, list[_Done]] = {}
+        by_worker: dict[int, list[Done]] = {}
         for d in batch:
             by_worker.setdefault(d.running.worker_id, []).append(d)
         for worker_id, items in by_worker.items():
@@ -910,7 +670,7 @@ class Worker:
                 self._aborted.wait(1.0)
                 return
 
-    def _record_alone(self, worker_id: int, d: _Done) -> None:
+    def _record_alone(self, worker_id: int, d: Done) -> None:
         """Records one outcome; if the database refuses it, a failure saying why in its place."""
         assert d.outcome is not None
         try:
@@ -922,21 +682,16 @@ class Worker:
         else:
             self._recorded([d], recorded)
             return
-        retry_in = original.retry_in if original.outcome != "succeeded" else None
-        if retry_in is not None and not (math.isfinite(retry_in) and 0 <= retry_in <= MAX_RETRY_IN):
-            retry_in = None
-        replacement = _storable(
-            Outcome(original.job_id, "failed", error=f"the outcome could not be stored: {reason}", retry_in=retry_in)
-        )
+        replacement = substitute(original, reason)
         recorded = self._finish(worker_id, [replacement])  # if this fails too, the original is kept
         log.error(
             "the database refused a job's outcome; recorded a failure instead",
-            extra=self._fields(d.running) | {"outcome": original.outcome, "error": reason},
+            extra=d.running.fields() | {"outcome": original.outcome, "error": reason},
         )
         d.outcome = replacement
         self._recorded([d], recorded)
 
-    def _recorded(self, items: list[_Done], recorded: list[Finished]) -> None:
+    def _recorded(self, items: list[Done], recorded: list[Finished]) -> None:
         done = {id(d) for d in items}
         with self._pending_ready:  # first: whatever the bookkeeping below does, these are recorded
             self._pending = [d for d in self._pending if id(d) not in done]
@@ -960,17 +715,14 @@ class Worker:
     def _release(self, worker_id: int, ids: list[int]) -> int:
         return self._db.call("release", lambda c: release(c, worker_id, ids), give_up=self._aborted.is_set)
 
-    def _count_finished(self, r: _Running, outcome: str) -> None:
+    def _count_finished(self, r: Running, outcome: str) -> None:
         run = time.monotonic() - (r.started or r.claimed)
         self.metrics.job_finished(r.job.channel, r.job.kind, outcome, run)
         self.finished_total += 1
 
-    def _fields(self, r: _Running) -> dict[str, Any]:
-        return {"job_id": r.job.id, "kind": r.job.kind, "channel": r.job.channel, "attempt": r.job.attempt}
-
-    def _log_failure(self, r: _Running, outcome: Outcome, recorded: Finished) -> None:
+    def _log_failure(self, r: Running, outcome: Outcome, recorded: Finished) -> None:
         first_line = (outcome.error or "").split("\n", 1)[0]
-        fields = self._fields(r) | {"outcome": outcome.outcome, "error": first_line, "final": recorded.final}
+        fields = r.fields() | {"outcome": outcome.outcome, "error": first_line, "final": recorded.final}
         if recorded.retry_at is not None:
             fields["retry_at"] = recorded.retry_at.isoformat()
         log.warning("job did not succeed", extra=fields)
@@ -988,7 +740,7 @@ class Worker:
                 self._abandon(r, Outcome(job_id, "cancelled", error="cancelled while running"), JobCancelled)
         for r in list(self._inflight.values()):
             if r.deadline is not None and now >= r.deadline and r.state == "running" and r.future is None:
-                self._abandon(r, self._timed_out(r), JobTimeout)
+                self._abandon(r, timed_out(r), JobTimeout)
 
     def _repeat_stops(self) -> None:
         """Injects the stop again into abandoned handlers that are still running: on CPython 3.12
@@ -1000,13 +752,13 @@ class Worker:
                 if r.thread_done or r.thread_id is None or r.stop_with is None:
                     continue
                 if now - r.abandoned_at > STOP_TRIES_FOR:
-                    log.error("a stopped handler is still running (blocked outside Python?)", extra=self._fields(r))
+                    log.error("a stopped handler is still running (blocked outside Python?)", extra=r.fields())
                     continue
                 _set_async_exc(r.thread_id, r.stop_with)
             still.append(r)
         self._stopping_threads = still
 
-    def _abandon(self, r: _Running, outcome: Outcome, exc: type[BaseException]) -> None:
+    def _abandon(self, r: Running, outcome: Outcome, exc: type[BaseException]) -> None:
         """Ends a running job now: records ``outcome``, asks the handler to stop, frees its slot."""
         if r.future is not None:
             # Async: cancelling the future records the outcome at once (see _async_finished), even if
@@ -1023,9 +775,9 @@ class Worker:
                 _set_async_exc(r.thread_id, exc)
         self._stopping_threads.append(r)
         del self._inflight[r.job.id]
-        self._add_pending(_Done(r, outcome))
+        self._add_pending(Done(r, outcome))
         self._spawn_slot()  # the old thread may be stuck in C code; the slot is free again either way
-        log.warning("stopped a running job", extra=self._fields(r) | {"outcome": outcome.outcome})
+        log.warning("stopped a running job", extra=r.fields() | {"outcome": outcome.outcome})
 
     # -- listener and heartbeat ---------------------------------------------------------------------
 
@@ -1141,8 +893,7 @@ class Worker:
                 t.join(timeout=2.0)
         self._db.close()
         self._finish_db.close()
-        if self._engine is not None:
-            self._engine.dispose()
+        self._transactions.close()
         log.info(
             "worker stopped",
             extra={"worker_id": self.worker_id, "claimed": self.claimed_total, "finished": self.finished_total},

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import queue
-import random
 import signal
 import socket
 import threading
@@ -52,7 +51,6 @@ from fairqueue.consumer import (
     release,
 )
 from fairqueue.errors import ConfigurationError, UnknownWorkerError
-from fairqueue.maintenance import Maintainer, try_become_maintainer
 from fairqueue.metrics import Metrics
 from fairqueue.migrations import check_schema
 from fairqueue.sql import Q
@@ -60,8 +58,10 @@ from fairqueue.tasks import BadArgumentsError, JobCancelled, JobContext, JobTime
 from fairqueue.urls import redact, to_libpq
 from fairqueue.worker.config import LINGER, WorkerConfig
 from fairqueue.worker.connection import Connection
+from fairqueue.worker.listener import Listener
+from fairqueue.worker.maintenance import MaintenanceRole
 from fairqueue.worker.outcomes import failure, storable, substitute, timed_out, unknown_task, unstorable_result
-from fairqueue.worker.state import Done, Running
+from fairqueue.worker.state import Done, Inbox, Lifecycle, Registration, Running
 from fairqueue.worker.transactions import HandlerTransactions, JobTransaction, job_transaction_of, rollback
 
 __all__ = [
@@ -109,7 +109,6 @@ class Worker:
         self.tasks = tasks or registry
         self.metrics = metrics or Metrics()
         self.libpq_url = to_libpq(config.database_url)
-        self.worker_id = 0
         self.claimed_total = 0
         self.finished_total = 0
 
@@ -118,8 +117,6 @@ class Worker:
         self._pending: list[Done] = []
         self._pending_ready = threading.Condition()
         self._finisher_stop = False
-        self._completions: list[Done] = []
-        self._completions_lock = threading.Lock()
         # Sync jobs for the slot threads. One idle thread is woken per batch (a token in _wake_slot),
         # and a thread that takes a job wakes another while jobs remain: short jobs are run by the
         # threads already awake instead of costing a thread wake-up each, and long ones still get a
@@ -127,48 +124,53 @@ class Worker:
         self._work: collections.deque[Running] = collections.deque()
         self._wake_slot: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._slots_closed = False
-        self._wake = threading.Event()
-        self._notified = True
-        self._cancel_requests: set[int] = set()
-        self._lease_lost = False
-        self._stopping = threading.Event()
-        self._aborted = threading.Event()
-        self._stopped = threading.Event()
+        self._lifecycle = Lifecycle()
+        self._registration = Registration()
+        self._inbox = Inbox(self._lifecycle.wake)
         self._threads: list[threading.Thread] = []
         self._slot_threads = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transactions = HandlerTransactions(config, self.libpq_url, self._count_finished)
         self._stopping_threads: list[Running] = []  # abandoned sync handlers not yet stopped
-        self._db = Connection("dispatcher", self.libpq_url, config, self.metrics, self._aborted)
-        self._finish_db = Connection("finisher", self.libpq_url, config, self.metrics, self._aborted)
-        self._listener_db = Connection("listener", self.libpq_url, config, self.metrics, self._aborted)
-        self._maintenance_db = Connection("maintenance", self.libpq_url, config, self.metrics, self._aborted)
-        self.is_maintainer = False
+        self._db = Connection("dispatcher", self.libpq_url, config, self.metrics, self._lifecycle.aborted)
+        self._finish_db = Connection("finisher", self.libpq_url, config, self.metrics, self._lifecycle.aborted)
+        listener_db = Connection("listener", self.libpq_url, config, self.metrics, self._lifecycle.aborted)
+        self._listener = Listener(config, listener_db, self._lifecycle, self._registration, self._inbox, self.metrics)
+        maintenance_db = Connection("maintenance", self.libpq_url, config, self.metrics, self._lifecycle.aborted)
+        self._maintenance = MaintenanceRole(config, maintenance_db, self._lifecycle, self._registration)
         self._needs_reconcile = False
         self._freed_at: float | None = None  # when a slot first freed up since the last claim
         self._claim_again_in = RETRY_SOON
         self._full_batch = min(config.claim_limit, config.concurrency)
         self._batch_threshold = max(1, self._full_batch // 2)
 
+    @property
+    def worker_id(self) -> int:
+        return self._registration.worker_id
+
+    @property
+    def is_maintainer(self) -> bool:
+        return self._maintenance.is_maintainer
+
     # -- control ------------------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Stop claiming, let running jobs finish (up to the grace period), then exit."""
-        if not self._stopping.is_set():
+        if not self._lifecycle.stopping.is_set():
             log.info("stopping: no new jobs; waiting for running ones", extra={"running": len(self._inflight)})
-        self._stopping.set()
-        self._wake.set()
+        self._lifecycle.stopping.set()
+        self._lifecycle.wake.set()
 
     def abort(self) -> None:
         """Stop now: running jobs are given back to the queue (recorded as lost) and run again."""
         log.warning("aborting: running jobs will be re-run", extra={"running": len(self._inflight)})
-        self._stopping.set()
-        self._aborted.set()
-        self._wake.set()
+        self._lifecycle.stopping.set()
+        self._lifecycle.aborted.set()
+        self._lifecycle.wake.set()
 
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
-            if self._stopping.is_set():
+            if self._lifecycle.stopping.is_set():
                 self.abort()
             else:
                 self.stop()
@@ -197,11 +199,11 @@ class Worker:
         except Exception:
             # a bug, not a database problem (those are retried): say so, and still deregister
             log.critical("the dispatcher failed; aborting (running jobs will be re-run)", exc_info=True)
-            self._stopping.set()
-            self._aborted.set()
+            self._lifecycle.stopping.set()
+            self._lifecycle.aborted.set()
         finally:
             self._shutdown()
-        return EXIT_ABORTED if self._aborted.is_set() else EXIT_OK
+        return EXIT_ABORTED if self._lifecycle.aborted.is_set() else EXIT_OK
 
     def _register(self) -> None:
         names = self.tasks.names()
@@ -213,12 +215,12 @@ class Worker:
             # whether "tasks" is every task this worker runs (`fairqueue enqueue` warns about others)
             "tasks_complete": len(names) <= MAX_LISTED_TASKS and not self.tasks.resolves_more,
         }
-        self.worker_id = self._db.call(
+        self._registration.worker_id = self._db.call(
             "register",
             lambda c: register_worker(c, self.config.name, lease_seconds=self.config.lease, info=info),
-            give_up=self._aborted.is_set,
+            give_up=self._lifecycle.aborted.is_set,
         )
-        self._lease_lost = False
+        self._registration.lease_lost = False
 
     def _start_threads(self) -> None:
         for _ in range(self.config.concurrency):
@@ -226,10 +228,10 @@ class Worker:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._spawn(lambda: _run_loop(loop), "fairqueue-async")
-        self._spawn(self._listen_loop, "fairqueue-listener")
+        self._spawn(self._listener.run, "fairqueue-listener")
         self._spawn(self._finisher_loop, "fairqueue-finisher")
         if self.config.maintenance:
-            self._spawn(self._maintenance_loop, "fairqueue-maintenance")
+            self._spawn(self._maintenance.run, "fairqueue-maintenance")
 
     def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -248,7 +250,7 @@ class Worker:
         grace_until: float | None = None
         released_unstarted = False
         while True:
-            self._wake.clear()  # before looking: a wake-up from now on makes the wait below return at once
+            self._lifecycle.wake.clear()  # before looking: a wake-up from now on makes the wait below return at once
             self._collect_completions()
             self._enforce_deadlines_and_cancels()
             if self._stopping_threads:
@@ -257,8 +259,10 @@ class Worker:
             free = cfg.concurrency - len(self._inflight)
             # A freed slot waits a moment (LINGER) for others, so claims stay batched.
             lingering = bool(self._inflight) and self._freed_at is not None and now - self._freed_at < LINGER
-            can_claim = free > 0 and (free >= self._full_batch or not lingering) and not self._stopping.is_set()
-            if self._aborted.is_set():
+            can_claim = (
+                free > 0 and (free >= self._full_batch or not lingering) and not self._lifecycle.stopping.is_set()
+            )
+            if self._lifecycle.aborted.is_set():
                 return
             # The finisher records outcomes while the next batch is claimed, but the database still
             # counts a job as ours until then: beyond one batch of them, their slots stay taken, so
@@ -267,7 +271,7 @@ class Worker:
             claimable = free - max(0, unrecorded - self._full_batch)
             can_claim = can_claim and claimable > 0
             timeout = cfg.poll_interval
-            if self._stopping.is_set():
+            if self._lifecycle.stopping.is_set():
                 if grace_until is None:
                     grace_until = now + cfg.grace
                 if not released_unstarted:
@@ -277,17 +281,17 @@ class Worker:
                     return
                 if now >= grace_until:
                     log.warning("grace period over; aborting running jobs", extra={"running": len(self._inflight)})
-                    self._aborted.set()
+                    self._lifecycle.aborted.set()
                     return
                 timeout = min(timeout, 0.1)
             elif can_claim:
-                if self._lease_lost:
+                if self._registration.lease_lost:
                     log.error("this worker's lease expired; registering again", extra={"worker_id": self.worker_id})
                     self._register()
                 if self._needs_reconcile:
                     self._reconcile()
-                if self._notified or last_full or now >= next_poll:
-                    self._notified = False
+                if self._inbox.notified or last_full or now >= next_poll:
+                    self._inbox.notified = False
                     self._freed_at = None
                     asked = min(claimable, cfg.claim_limit)
                     got = self._claim(asked)
@@ -316,7 +320,7 @@ class Worker:
             if self._stopping_threads:
                 timeout = min(timeout, 0.05)
             if timeout > 0:
-                self._wake.wait(timeout)
+                self._lifecycle.wake.wait(timeout)
 
     # -- claiming -----------------------------------------------------------------------------------
 
@@ -324,15 +328,17 @@ class Worker:
         started = time.monotonic()
         worker_id = self.worker_id
         try:
-            jobs = self._db.call("claim", lambda c: claim_batch(c, worker_id, limit), give_up=self._stopping.is_set)
+            jobs = self._db.call(
+                "claim", lambda c: claim_batch(c, worker_id, limit), give_up=self._lifecycle.stopping.is_set
+            )
         except UnknownWorkerError:
-            self._lease_lost = True
+            self._registration.lease_lost = True
             return 0
         except psycopg.Error as exc:
-            if not self._stopping.is_set():
+            if not self._lifecycle.stopping.is_set():
                 # not a connection problem (those are retried inside): log it, never let it stop the worker
                 log.error("claim failed; retrying shortly", extra={"error": db_error_text(exc)})
-                self._aborted.wait(1.0)
+                self._lifecycle.aborted.wait(1.0)
             return 0
         self.metrics.claim_round_trip(time.monotonic() - started, len(jobs))
         if self._db.reopened:
@@ -557,15 +563,10 @@ class Worker:
     # -- outcomes -----------------------------------------------------------------------------------
 
     def _complete(self, r: Running, outcome: Outcome | None) -> None:
-        with self._completions_lock:
-            self._completions.append(Done(r, outcome))
-            first = len(self._completions) == 1
-        if first:  # the dispatcher takes them all at once; one wake-up per collection is enough
-            self._wake.set()
+        self._inbox.complete(r, outcome)
 
     def _collect_completions(self) -> None:
-        with self._completions_lock:
-            done, self._completions = self._completions, []
+        done = self._inbox.take_completions()
         for d in done:
             r = d.running
             if self._inflight.get(r.job.id) is not r:
@@ -608,15 +609,15 @@ class Worker:
             # a bug, not a database problem (those are retried inside): stop the worker, as the
             # dispatcher does, rather than leave outcomes waiting forever and the worker claiming nothing
             log.critical("the finisher failed; aborting (running jobs will be re-run)", exc_info=True)
-            self._stopping.set()
-            self._aborted.set()
-            self._wake.set()
+            self._lifecycle.stopping.set()
+            self._lifecycle.aborted.set()
+            self._lifecycle.wake.set()
 
     def _record_until_stopped(self) -> None:
         while True:
             with self._pending_ready:
                 while True:
-                    if self._finisher_stop or self._aborted.is_set():
+                    if self._finisher_stop or self._lifecycle.aborted.is_set():
                         return
                     wait = self._record_in()
                     if wait <= 0:
@@ -624,13 +625,13 @@ class Worker:
                     self._pending_ready.wait(wait)
                 batch = list(self._pending)
             self._record_pending(batch)
-            self._wake.set()  # slots held by unrecorded outcomes are free again
+            self._lifecycle.wake.set()  # slots held by unrecorded outcomes are free again
 
     def _record_in(self) -> float:
         """Seconds until the waiting outcomes should be recorded (0: now; call with the lock held)."""
         if not self._pending:
             return self.config.poll_interval
-        if len(self._pending) >= self._batch_threshold or not self._inflight or self._stopping.is_set():
+        if len(self._pending) >= self._batch_threshold or not self._inflight or self._lifecycle.stopping.is_set():
             return 0.0
         return self._pending[0].at + LINGER - time.monotonic()
 
@@ -646,7 +647,7 @@ class Worker:
             try:
                 recorded = self._finish(worker_id, [d.outcome for d in items if d.outcome is not None])
             except Exception as exc:
-                if self._aborted.is_set():
+                if self._lifecycle.aborted.is_set():
                     return  # the jobs go back to the queue when this worker deregisters or expires
                 if len(items) > 1:
                     log.warning(
@@ -661,13 +662,13 @@ class Worker:
                 try:
                     self._record_alone(worker_id, d)
                 except Exception as exc:
-                    if self._aborted.is_set():
+                    if self._lifecycle.aborted.is_set():
                         return
                     stuck = exc
             if stuck is not None:
                 # the database refuses even a plain failure: keep the outcomes and try again shortly
                 log.error("could not record outcomes; retrying", extra={"error": db_error_text(stuck)})
-                self._aborted.wait(1.0)
+                self._lifecycle.aborted.wait(1.0)
                 return
 
     def _record_alone(self, worker_id: int, d: Done) -> None:
@@ -676,7 +677,7 @@ class Worker:
         try:
             recorded = self._finish(worker_id, [d.outcome])
         except Exception as exc:
-            if self._aborted.is_set():
+            if self._lifecycle.aborted.is_set():
                 raise
             original, reason = d.outcome, db_error_text(exc)
         else:
@@ -710,10 +711,12 @@ class Worker:
 
     def _finish(self, worker_id: int, outcomes: list[Outcome]) -> list[Finished]:
         # the finisher's connection; at shutdown (finisher stopped) the dispatcher uses it too
-        return self._finish_db.call("finish", lambda c: finish(c, worker_id, outcomes), give_up=self._aborted.is_set)
+        return self._finish_db.call(
+            "finish", lambda c: finish(c, worker_id, outcomes), give_up=self._lifecycle.aborted.is_set
+        )
 
     def _release(self, worker_id: int, ids: list[int]) -> int:
-        return self._db.call("release", lambda c: release(c, worker_id, ids), give_up=self._aborted.is_set)
+        return self._db.call("release", lambda c: release(c, worker_id, ids), give_up=self._lifecycle.aborted.is_set)
 
     def _count_finished(self, r: Running, outcome: str) -> None:
         run = time.monotonic() - (r.started or r.claimed)
@@ -731,9 +734,7 @@ class Worker:
 
     def _enforce_deadlines_and_cancels(self) -> None:
         now = time.monotonic()
-        with self._completions_lock:
-            cancels, self._cancel_requests = self._cancel_requests, set()
-        for job_id in cancels:
+        for job_id in self._inbox.take_cancel_requests():
             r = self._inflight.get(job_id)
             if r is not None:
                 r.ctx._cancelled = True
@@ -779,79 +780,6 @@ class Worker:
         self._spawn_slot()  # the old thread may be stuck in C code; the slot is free again either way
         log.warning("stopped a running job", extra=r.fields() | {"outcome": outcome.outcome})
 
-    # -- listener and heartbeat ---------------------------------------------------------------------
-
-    def _listen_loop(self) -> None:
-        db = self._listener_db
-        next_beat = 0.0
-        while not self._stopped.is_set():
-            try:
-                conn = db.get()
-                if not getattr(conn, "_fq_listening", False):
-                    conn.execute(Q.listen)
-                    conn._fq_listening = True  # type: ignore[attr-defined]
-                    self._notified = True  # anything sent while we were not listening
-                    self._wake.set()
-                now = time.monotonic()
-                if now >= next_beat:
-                    self._heartbeat(conn)
-                    next_beat = now + self.config.heartbeat_every
-                for note in conn.notifies(timeout=max(0.05, min(1.0, next_beat - time.monotonic()))):
-                    if note.channel == "fairqueue_cancel":
-                        self._request_cancel(note.payload)
-                    else:
-                        self._notified = True
-                        self._wake.set()
-            except psycopg.Error as exc:
-                db.close()
-                self.metrics.reconnected("listener")
-                log.warning("listener connection lost; reconnecting", extra={"error": db_error_text(exc)})
-                self._stopped.wait(min(self.config.reconnect_max, 0.5) * random.uniform(0.5, 1))
-        db.close()
-
-    def _heartbeat(self, conn: psycopg.Connection[Any]) -> None:
-        if not self.worker_id:
-            return
-        row = conn.execute(Q.worker_heartbeat, {"worker": self.worker_id, "lease": self.config.lease}).fetchone()
-        assert row is not None
-        alive, cancels = row
-        if not alive and not self._stopping.is_set():
-            self._lease_lost = True
-            self._wake.set()
-        for job_id in cancels or ():
-            self._request_cancel(str(job_id))
-
-    def _request_cancel(self, payload: str) -> None:
-        try:
-            job_id = int(payload)
-        except ValueError:
-            return
-        with self._completions_lock:
-            self._cancel_requests.add(job_id)
-        self._wake.set()
-
-    # -- maintenance --------------------------------------------------------------------------------
-
-    def _maintenance_loop(self) -> None:
-        db = self._maintenance_db
-        maintainer = Maintainer(days_ahead=self.config.partition_days_ahead)
-        while not self._stopped.is_set():
-            try:
-                conn = db.get()
-                if not self.is_maintainer:
-                    self.is_maintainer = try_become_maintainer(conn)
-                    if self.is_maintainer:
-                        log.info("took the maintenance role", extra={"worker_id": self.worker_id})
-                if self.is_maintainer:
-                    maintainer.tick(conn)
-            except Exception as exc:  # a bug must not leave the role held by a dead thread
-                if self.is_maintainer:
-                    log.warning("lost the maintenance role with its connection", extra={"error": db_error_text(exc)})
-                self.is_maintainer = False
-                db.close()
-            self._stopped.wait(self.config.maintenance_interval * random.uniform(0.8, 1.2))
-        db.close()
-
     # -- shutdown -----------------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
@@ -871,7 +799,7 @@ class Worker:
                 self._record_pending(list(self._pending))  # when aborting: one try, so finished jobs are not run again
         except Exception:
             log.exception("could not record the last outcomes; their jobs will be re-run")
-        self._stopped.set()
+        self._lifecycle.stopped.set()
         self._slots_closed = True
         self._wake_slot.put(True)  # idle slot threads leave, each waking the next
         # Whatever still runs (aborted, or past the grace period) is recorded as lost and re-run.

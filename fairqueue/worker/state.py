@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,3 +100,81 @@ class Done:
     outcome: Outcome | None  # None: already recorded in the handler's transaction
     recorded: Finished | None = None
     at: float = field(default_factory=time.monotonic)  # when the outcome was handed in
+
+
+class Lifecycle:
+    """The worker's run, as events: ``stopping`` (claim nothing more), ``aborted`` (give up on
+    running jobs and waiting calls), ``stopped`` (shutdown is under way: helper threads leave) and
+    ``wake`` (the dispatcher's wait ends: set by whoever has news for it)."""
+
+    __slots__ = ("aborted", "stopped", "stopping", "wake")
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.aborted = threading.Event()
+        self.stopped = threading.Event()
+        self.wake = threading.Event()
+
+    def abort(self) -> None:
+        self.stopping.set()
+        self.aborted.set()
+        self.wake.set()
+
+
+class Registration:
+    """This worker's row in ``fairqueue.worker``: its id (0 until registered), and whether the
+    database said its lease expired (a heartbeat or a claim refused), so that it registers again."""
+
+    __slots__ = ("lease_lost", "worker_id")
+
+    def __init__(self) -> None:
+        self.worker_id = 0
+        self.lease_lost = False
+
+
+class Inbox:
+    """What other threads hand the dispatcher, each hand-in waking it: handlers' outcomes (slot
+    threads, the event loop), cancel requests and news of work (the listener). The dispatcher takes
+    each kind all at once."""
+
+    __slots__ = ("_cancels", "_completions", "_lock", "_wake", "notified")
+
+    def __init__(self, wake: threading.Event) -> None:
+        self._wake = wake
+        self._lock = threading.Lock()  # guards completions and cancel requests
+        self._completions: list[Done] = []
+        self._cancels: set[int] = set()
+        self.notified = True  # work may be waiting (cleared by the dispatcher as it claims)
+
+    def complete(self, r: Running, outcome: Outcome | None) -> None:
+        with self._lock:
+            self._completions.append(Done(r, outcome))
+            first = len(self._completions) == 1
+        if first:  # the dispatcher takes them all at once; one wake-up per collection is enough
+            self._wake.set()
+
+    def take_completions(self) -> list[Done]:
+        with self._lock:
+            done, self._completions = self._completions, []
+        return done
+
+    def request_cancel(self, job_id: int) -> None:
+        with self._lock:
+            self._cancels.add(job_id)
+        self._wake.set()
+
+    def take_cancel_requests(self) -> set[int]:
+        with self._lock:
+            cancels, self._cancels = self._cancels, set()
+        return cancels
+
+    def new_work(self) -> None:
+        self.notified = True
+        self._wake.set()
+
+
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread running ``target``, started (the runtime's threads are named fairqueue-*)."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread

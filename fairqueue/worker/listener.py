@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -27,22 +28,14 @@ from fairqueue.worker.state import Inbox, Lifecycle, Registration
 log = logging.getLogger("fairqueue.worker")  # every part of the runtime logs as the worker
 
 
+@dataclass(eq=False)
 class Listener:
-    def __init__(
-        self,
-        config: WorkerConfig,
-        db: Connection,
-        lifecycle: Lifecycle,
-        registration: Registration,
-        inbox: Inbox,
-        metrics: Metrics,
-    ) -> None:
-        self.config = config
-        self.db = db
-        self.lifecycle = lifecycle
-        self.registration = registration
-        self.inbox = inbox
-        self.metrics = metrics
+    config: WorkerConfig
+    db: Connection
+    lifecycle: Lifecycle
+    registration: Registration
+    inbox: Inbox
+    metrics: Metrics
 
     def run(self) -> None:
         db = self.db

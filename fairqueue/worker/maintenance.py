@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 
 from fairqueue._db import db_error_text
 from fairqueue.maintenance import Maintainer, try_become_maintainer
@@ -20,13 +21,13 @@ from fairqueue.worker.state import Lifecycle, Registration
 log = logging.getLogger("fairqueue.worker")  # every part of the runtime logs as the worker
 
 
+@dataclass(eq=False)
 class MaintenanceRole:
-    def __init__(self, config: WorkerConfig, db: Connection, lifecycle: Lifecycle, registration: Registration) -> None:
-        self.config = config
-        self.db = db
-        self.lifecycle = lifecycle
-        self.registration = registration
-        self.is_maintainer = False
+    config: WorkerConfig
+    db: Connection
+    lifecycle: Lifecycle
+    registration: Registration
+    is_maintainer: bool = False
 
     def run(self) -> None:
         db = self.db

@@ -119,7 +119,7 @@ class Worker:
             self._executor,
             self._completer,
             self.metrics,
-            register=lambda: self._register(),
+            register=self._register,
         )
         self._listener = Listener(
             config, connection("listener"), self._lifecycle, self._registration, self._inbox, self.metrics

@@ -38,6 +38,8 @@ RETRY_SOON_MAX = 0.05  # ... backing off to this while those claims come back em
 
 
 class Dispatcher:
+    """The claim loop (:meth:`run`) and the jobs in flight; runs on the thread that called Worker.run."""
+
     def __init__(
         self,
         config: WorkerConfig,

@@ -30,6 +30,8 @@ log = logging.getLogger("fairqueue.worker")  # every part of the runtime logs as
 
 @dataclass(eq=False)
 class Listener:
+    """The listener thread (:meth:`run`) and the heartbeat it sends."""
+
     config: WorkerConfig
     db: Connection
     lifecycle: Lifecycle

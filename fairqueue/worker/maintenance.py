@@ -23,6 +23,8 @@ log = logging.getLogger("fairqueue.worker")  # every part of the runtime logs as
 
 @dataclass(eq=False)
 class MaintenanceRole:
+    """The maintenance thread (:meth:`run`); ``is_maintainer`` says whether it holds the role now."""
+
     config: WorkerConfig
     db: Connection
     lifecycle: Lifecycle

@@ -96,6 +96,8 @@ class Running:
 
 @dataclass
 class Done:
+    """A job's outcome as handed in, on its way to the finisher."""
+
     running: Running
     outcome: Outcome | None  # None: already recorded in the handler's transaction
     recorded: Finished | None = None

@@ -365,7 +365,7 @@ def test_get_result_of_a_running_task(dj: psycopg.Connection[Any], tasks: Any, s
 
 
 def _stored_error(exc: BaseException) -> str:
-    """fairqueue's error text for a handler that raised ``exc`` (as Worker._failure writes it)."""
+    """fairqueue's error text for a handler that raised ``exc`` (as fairqueue.worker.outcomes.failure writes it)."""
     return f"{type(exc).__name__}: {exc}\n\n{''.join(format_exception(exc))}"
 
 

@@ -51,7 +51,7 @@ from psycopg import sql
 
 from fairqueue import durations
 from fairqueue.errors import ConfigurationError, FairqueueError
-from fairqueue.spark.report import spark_failure, spark_message
+from fairqueue.spark.errors import spark_failure, spark_message
 from fairqueue.spark.session import jdbc_target, spark_session
 from fairqueue.sql import Q
 from fairqueue.urls import redact, to_libpq

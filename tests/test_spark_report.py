@@ -33,7 +33,7 @@ from fairqueue.spark.report import (
     parse_when,
     write_report,
 )
-from fairqueue.spark.report_html import render_html
+from fairqueue.spark.report.html import render_html
 from fairqueue.spark.session import jdbc_jar
 from fairqueue.urls import database_name, with_database
 

@@ -13,7 +13,8 @@ The report is a pipeline; each step has its module, in the order they run:
 - :mod:`.page_data`: what the HTML page shows, collected from Spark;
 - :mod:`.output`: writing the tables, ``summary.json`` and ``report.html`` (local paths or Hadoop URIs), and
   the command (:func:`run_command`);
-- :mod:`fairqueue.spark.report_html`: the page itself, rendered without Spark.
+- :mod:`.html` (the page), :mod:`.charts` (its SVG charts), :mod:`.formatting` (numbers and times for people):
+  ``report.html``, rendered from :mod:`.page_data`'s plain Python without Spark.
 
 Nothing here imports PySpark until a report is computed: ``fairqueue --help`` works without it.
 """
@@ -24,6 +25,7 @@ from fairqueue.spark.errors import MEMORY_HINT, spark_failure, spark_message
 from fairqueue.spark.report.build import MAX_WINDOWS, SUMMARY_COLUMNS, TABLES, Report, build_report
 from fairqueue.spark.report.fairness import BACKLOG_TOLERANCE_US, backlog_tolerance_us
 from fairqueue.spark.report.figures import FIGURES, PERCENTILE_ACCURACY
+from fairqueue.spark.report.html import render_html
 from fairqueue.spark.report.output import (
     claim_local_output,
     headline,
@@ -77,6 +79,7 @@ __all__ = [
     "parse_duration",
     "parse_when",
     "release_local_output",
+    "render_html",
     "report_params",
     "run_command",
     "spark_failure",

@@ -15,9 +15,12 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
+from fairqueue.durations import readable as fmt_duration
 from fairqueue.errors import FairqueueError
 from fairqueue.spark.errors import spark_failure
 from fairqueue.spark.report.build import TABLES, Report, build_report
+from fairqueue.spark.report.formatting import fmt_number, fmt_rate, fmt_throughput, fmt_time
+from fairqueue.spark.report.html import render_html
 from fairqueue.spark.report.params import ReportError, format_duration, report_params
 from fairqueue.spark.report.sources import check_live_database
 
@@ -149,8 +152,6 @@ def write_report(report: Report, out_dir: str) -> dict[str, str]:
     numbers as ``summary.json`` and the page as ``report.html``. Returns {name: path written}.
 
     Raises :class:`ReportError` when ``out_dir`` cannot be created or written to."""
-    from fairqueue.spark.report_html import render_html
-
     some = next(iter(report.tables.values()))
     spark = some.sparkSession
     out = _Output(spark, out_dir)
@@ -200,9 +201,6 @@ def _spark_errors() -> Iterator[None]:
 
 def headline(summary: dict[str, Any]) -> list[str]:
     """The headline figures, as the command prints them."""
-    from fairqueue.durations import readable as fmt_duration
-    from fairqueue.spark.report_html import fmt_number, fmt_rate, fmt_throughput, fmt_time
-
     return [
         f"period {fmt_time(summary['period_start'])} .. {fmt_time(summary['period_end'])}: "
         f"{summary['windows']} window(s) of {format_duration(summary['window_seconds'])} with activity, "

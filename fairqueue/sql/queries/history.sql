@@ -37,7 +37,7 @@ SELECT min(job_id), max(job_id) FROM {table}
 
 -- name: history_fingerprints
 -- Count and checksum per outcome of a history table; {row_hash} is the canonical row hash that the
--- Spark side computes too (fairqueue/spark/archive.py).
+-- Spark side computes too (fairqueue/spark/archive/fingerprints.py).
 SELECT outcome, count(*), coalesce(sum({row_hash}), 0) FROM {table} GROUP BY outcome
 
 -- name: history_partition_rows

@@ -67,25 +67,24 @@ def total(fingerprints: Fingerprints) -> Fingerprint:
     return sum(fingerprints.values(), Fingerprint(0, 0))
 
 
-def _sql_row_hash() -> str:
-    parts = []
-    for name, kind in CANONICAL_FIELDS:
-        if kind == "bool":
-            value = f"CASE WHEN {name} THEN 't' WHEN NOT {name} THEN 'f' END"
-        elif kind == "time":
-            value = f"(extract(epoch FROM {name}) * 1000000)::bigint::text"
-        elif kind == "number":
-            value = f"{name}::text"
-        else:
-            value = f"{name}::text"
-        parts.append(f"coalesce(length({value})::text || ':' || {value}, 'N')")
-    canonical = " || '|' || ".join(parts)
-    return f"('x' || substr(md5(convert_to({canonical}, 'UTF8')), 1, 15))::bit(60)::bigint"
+def _sql_row_hash() -> sql.Composable:
+    """The row hash as PostgreSQL computes it (``Q.history_row_hash``), over :data:`CANONICAL_FIELDS`."""
+    as_text = {
+        "bool": Q.history_hash_bool,
+        "time": Q.history_hash_time,
+        "number": Q.history_hash_text,
+        "text": Q.history_hash_text,
+    }
+    fields = [
+        sql.SQL(Q.history_hash_field).format(value=sql.SQL(as_text[kind]).format(column=sql.Identifier(name)))
+        for name, kind in CANONICAL_FIELDS
+    ]
+    return sql.SQL(Q.history_row_hash).format(fields=sql.SQL(", ").join(fields))
 
 
 def sql_fingerprints(conn: psycopg.Connection[Any], table: str) -> Fingerprints:
     """Count and checksum of each outcome in ``fairqueue.<table>``, computed by PostgreSQL."""
-    statement = sql.SQL(Q.history_fingerprints).format(row_hash=sql.SQL(_sql_row_hash()), table=history_table(table))
+    statement = sql.SQL(Q.history_fingerprints).format(row_hash=_sql_row_hash(), table=history_table(table))
     rows = conn.execute(statement).fetchall()
     return {str(outcome): Fingerprint(int(n), int(s)) for outcome, n, s in rows}
 

@@ -112,6 +112,7 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         raise ReportError(f"nothing to report: the archive at {params.source} holds no attempts{between}")
     period_start_us = to_micros(params.since) if params.since else int(overall["first_window_us"])
     period_end_us = to_micros(params.until) if params.until else int(overall["last_window_us"]) + w_us
+    period = (period_start_us, period_end_us)
     period_s = (period_end_us - period_start_us) / MICROS
     n_windows = -(-(period_end_us - (period_start_us - period_start_us % w_us)) // w_us)
     if n_windows > MAX_WINDOWS:
@@ -126,7 +127,7 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
     channel_windows = keep(with_share(group_figures(attempts, ["window_us", "channel"], window_duration), "window_us"))
     kind_windows = with_share(group_figures(attempts, ["window_us", "kind"], window_duration), "window_us")
     starvation = keep(starvation_incidents(attempts, params.threshold_us))
-    islands = keep(backlog_islands(attempts, backlog_tolerance_us(params), (period_start_us, period_end_us)))
+    islands = keep(backlog_islands(attempts, backlog_tolerance_us(params), period))
     report.cached += [channel_windows, starvation, islands]
     starved_per_window = starvation.groupBy("window_start").agg(
         F.count(F.lit(1)).alias("starvation_incidents"), F.size(F.collect_set("channel")).alias("starved_channels")
@@ -211,15 +212,7 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         "starvation": starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
     }
     report.page = page_data(
-        params,
-        report.summary,
-        attempts=attempts,
-        channels=channels,
-        kinds=kinds,
-        fairness_rows=fairness_rows,
-        starvation=starvation,
-        islands=islands,
-        period=(period_start_us, period_end_us),
+        params, report.summary, attempts, channels, kinds, fairness_rows, starvation, islands, period
     )
 
 

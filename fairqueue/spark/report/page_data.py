@@ -46,7 +46,6 @@ def chart_groups(channels: DataFrame, total: int) -> list[str]:
 def page_data(
     params: ReportParams,
     summary: dict[str, Any],
-    *,
     attempts: DataFrame,
     channels: DataFrame,
     kinds: DataFrame,
@@ -55,8 +54,8 @@ def page_data(
     islands: DataFrame,
     period: tuple[int, int],
 ) -> dict[str, Any]:
-    """Everything the HTML page shows, collected, from the report's tables and headline numbers (``summary``);
-    ``period`` is (start, end) in Unix microseconds."""
+    """Everything the HTML page shows, collected, from the report's attempts, tables and headline numbers
+    (``summary``); ``period`` is (start, end) in Unix microseconds."""
     from pyspark.sql import functions as F
 
     period_start_us, period_end_us = period

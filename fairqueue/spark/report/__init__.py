@@ -9,7 +9,8 @@ The report is a pipeline; each step has its module, in the order they run:
 - :mod:`.figures`: counts, throughput, wait and run percentiles, failure and retry rates per group;
 - :mod:`.fairness`: which channels were backlogged in each window, and Jain's fairness index;
 - :mod:`.starvation`: starvation incidents (a channel's head job kept waiting while others were served);
-- :mod:`.build`: :func:`build_report`, which runs the steps above into a :class:`Report`;
+- :mod:`.build`: :func:`build_report`, which runs the steps above into a :class:`Report` (:mod:`.frames`:
+  caching and collecting the intermediate results);
 - :mod:`.page_data`: what the HTML page shows, collected from Spark;
 - :mod:`.output`: writing the tables, ``summary.json`` and ``report.html`` (local paths or Hadoop URIs), and
   the command (:func:`run_command`);

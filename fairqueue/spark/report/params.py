@@ -61,6 +61,8 @@ def from_micros(micros: int) -> datetime:
 
 @dataclass(frozen=True)
 class ReportParams:
+    """The checked options of one report (:func:`report_params`)."""
+
     source: str
     since: datetime | None
     until: datetime | None

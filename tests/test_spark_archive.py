@@ -21,13 +21,13 @@ from fairqueue.spark.archive import (
     APPLICATION,
     ArchiveError,
     Fingerprint,
-    _read_partition,
     archive_history,
     parse_duration,
     spark_fingerprints,
     sql_fingerprints,
     total,
 )
+from fairqueue.spark.archive.run import _read_partition
 from fairqueue.urls import database_name, with_database
 from tests.helpers import wait_for
 

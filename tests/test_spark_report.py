@@ -33,7 +33,7 @@ from fairqueue.spark.report import (
     parse_when,
     write_report,
 )
-from fairqueue.spark.report_html import render_html
+from fairqueue.spark.report.html import render_html
 from fairqueue.spark.session import jdbc_jar
 from fairqueue.urls import database_name, with_database
 
@@ -1104,7 +1104,7 @@ def test_percentiles_are_approximate_within_the_documented_rank_error(spark: Any
     in memory and ran out of heap on a few million attempts in one channel."""
     from pyspark.sql import functions as F
 
-    from fairqueue.spark.report import _figures
+    from fairqueue.spark.report.figures import group_figures
 
     n = 100_000
     attempts = spark.range(n).select(
@@ -1115,7 +1115,7 @@ def test_percentiles_are_approximate_within_the_documented_rank_error(spark: Any
         F.col("id").cast("double").alias("wait_s"),
         (F.col("id") * 2).cast("double").alias("run_s"),
     )
-    figures = _figures(attempts, [], F.lit(1.0))
+    figures = group_figures(attempts, [], F.lit(1.0))
     plan = figures._jdf.queryExecution().analyzed().toString()
     assert "percentile_approx" in plan
     row = figures.first()
@@ -1129,7 +1129,8 @@ def test_spark_messages_are_never_empty(spark: Any) -> None:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors.exceptions.captured import convert_exception
 
-    from fairqueue.spark.report import _spark_errors, spark_message
+    from fairqueue.spark.report import spark_message
+    from fairqueue.spark.report.output import _spark_errors
 
     jvm = spark._jvm
     # what getFileSystem raises for hdfs://nonexistent-host: getMessage() is "" for exceptions that are not

@@ -36,9 +36,30 @@ COMMENT ON TABLE {table} IS {comment}
 SELECT min(job_id), max(job_id) FROM {table}
 
 -- name: history_fingerprints
--- Count and checksum per outcome of a history table; {row_hash} is the canonical row hash that the
--- Spark side computes too (fairqueue/spark/archive.py).
+-- Count and checksum per outcome of a history table; {row_hash} is history_row_hash, which the
+-- Spark side computes too (fairqueue/spark/archive/fingerprints.py).
 SELECT outcome, count(*), coalesce(sum({row_hash}), 0) FROM {table} GROUP BY outcome
+
+-- name: history_row_hash
+-- The checksum of one row: the first 60 bits of the MD5 of its canonical UTF-8 text, which is {fields}
+-- (a history_hash_field per column of CANONICAL_FIELDS, in their order) joined by '|'.
+('x' || substr(md5(convert_to(concat_ws('|', {fields}), 'UTF8')), 1, 15))::bit(60)::bigint
+
+-- name: history_hash_field
+-- One value of a row's canonical text: <length in characters>:<text>, or N for NULL. {value} is the
+-- column as text: history_hash_bool, history_hash_time or history_hash_text.
+coalesce(length({value})::text || ':' || {value}, 'N')
+
+-- name: history_hash_bool
+CASE WHEN {column} THEN 't' WHEN NOT {column} THEN 'f' END
+
+-- name: history_hash_time
+-- A timestamp as microseconds since the epoch.
+(extract(epoch FROM {column}) * 1000000)::bigint::text
+
+-- name: history_hash_text
+-- Numbers in decimal, text as it is, jsonb as PostgreSQL prints it.
+{column}::text
 
 -- name: history_partition_rows
 -- What the archive's JDBC read selects from a partition: jsonb as text, so the archive holds exactly

@@ -1149,3 +1149,15 @@ def test_spark_messages_are_never_empty(spark: Any) -> None:
         _spark_errors(),
     ):
         raise oom
+
+
+def test_the_old_html_module_still_imports_and_warns() -> None:
+    import importlib
+    import sys
+
+    sys.modules.pop("fairqueue.spark.report_html", None)
+    with pytest.warns(DeprecationWarning, match=r"fairqueue\.spark\.report_html is deprecated"):
+        old = importlib.import_module("fairqueue.spark.report_html")
+    from fairqueue.spark.report import render_html
+
+    assert old.render_html is render_html

@@ -277,8 +277,8 @@ def doc_section(record: dict[str, Any], title: str, table: list[str], notes: Seq
         f"max_connections={pg['max_connections']}.",
         f"- Versions: fairqueue {v['fairqueue']}, psycopg {v['psycopg']}, PgQueuer {v['pgqueuer']}, asyncpg "
         f"{v['asyncpg']}, Procrastinate {v['procrastinate']}, Python {v['python']}.",
-        f"- Measured: commit {record['source']['commit']}, schema revision {record['source']['schema_revision']}; "
-        f"reproduce: `{record['command']}`",
+        f"- Measured: commit {record['source']['commit']}, schema revision {record['source']['schema_revision']}.",
+        f"- Reproduce: `{record['command']}`",
         "",
         *table,
     ]

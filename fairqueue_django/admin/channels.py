@@ -146,6 +146,12 @@ class ChannelLimitsForm(forms.ModelForm):
         return data
 
 
+#: what the channel page shows of the channel's scheduling state (read only)
+STATE_FIELDS = (
+    "backlog", "running_now", "scheduled", "active", "throttled", "tokens", "vtime", "last_served", "created",
+)  # fmt: skip
+
+
 @admin.register(Channel)
 class ChannelAdmin(QueueAdmin):
     form = ChannelLimitsForm
@@ -174,39 +180,13 @@ class ChannelAdmin(QueueAdmin):
             "Limits",
             {
                 "fields": LIMIT_FIELDS,
-                "description": "Saved with fairqueue.configure_channel. Settings you leave as they are keep "
+                "description": "Saved with fairqueue.update_channel. Settings you leave as they are keep "
                 "their current values, even if someone changes them while this page is open.",
             },
         ),
-        (
-            "State",
-            {
-                "fields": (
-                    "backlog",
-                    "running_now",
-                    "scheduled",
-                    "active",
-                    "throttled",
-                    "tokens",
-                    "vtime",
-                    "last_served",
-                    "created",
-                )
-            },
-        ),
+        ("State", {"fields": STATE_FIELDS}),
     )
-    readonly_fields = (
-        "name",
-        "backlog",
-        "running_now",
-        "scheduled",
-        "active",
-        "throttled",
-        "tokens",
-        "vtime",
-        "last_served",
-        "created",
-    )
+    readonly_fields = ("name", *STATE_FIELDS)
 
     throttled = time_field("throttled_until", "throttled until")
     last_served = time_field("served_at", "last served")

@@ -179,28 +179,7 @@ class CompletedJobAdmin(QueueAdmin):
         ("All attempts of this job", {"fields": ("all_attempts",)}),
         ("Admin actions on this job", {"fields": ("admin_actions",)}),
     )
-    readonly_fields = (
-        "job",
-        "attempt",
-        "outcome",
-        "final",
-        "kind",
-        "channel",
-        "worker_id",
-        "pretty_args",
-        "pretty_result",
-        "pretty_error",
-        "enqueued",
-        "ready",
-        "started",
-        "finished",
-        "wait",
-        "run_time",
-        "unique_key",
-        "fifo_key",
-        "all_attempts",
-        "admin_actions",
-    )
+    readonly_fields = tuple(name for _, section in fieldsets for name in section["fields"])
 
     enqueued = time_field("enqueued_at", "enqueued")
     ready = time_field("ready_at", "ready")

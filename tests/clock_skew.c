@@ -1,6 +1,6 @@
 /* Shifts this process's wall clock (CLOCK_REALTIME and friends) by CLOCK_SKEW_SECONDS, and nothing
    else: monotonic clocks, sleeps and timed waits are untouched. LD_PRELOAD it into a process to make
-   it behave like a machine whose clock is wrong. Used by tests/test_periodic.py. */
+   it behave like a machine whose clock is wrong. Used by tests/core/test_periodic.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>

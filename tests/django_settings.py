@@ -1,4 +1,4 @@
-"""Django settings for the Django tests: the databases come from the fixtures (tests/test_django.py)."""
+"""Django settings for the Django tests: the databases come from the fixtures (tests/django/test_app.py)."""
 
 from __future__ import annotations
 

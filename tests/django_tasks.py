@@ -15,7 +15,7 @@ def record_order(note: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-# -- Django's @task on fairqueue (tests/test_django_tasks.py) ------------------------------------------
+# -- Django's @task on fairqueue (tests/django/test_tasks_backend.py) ------------------------------------------
 
 import asyncio  # noqa: E402
 from typing import Any  # noqa: E402

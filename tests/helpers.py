@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 
@@ -158,3 +161,34 @@ class Records(logging.Handler):
 
     def count(self, message: str) -> int:
         return sum(1 for r in list(self.records) if r.getMessage() == message)
+
+
+# -- database roles of the test server ------------------------------------------------------------------
+
+PASSWORD = "not-a-secret"  # a throwaway role of the test server
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` logging in as ``role`` (with PASSWORD)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(role)}:{quote(PASSWORD)}@{host}"))
+
+
+@contextlib.contextmanager
+def producer_role_for(conn: psycopg.Connection[Any], db_url: str) -> Iterator[str]:
+    """A login role with the producer level's rights (password: PASSWORD)."""
+    from fairqueue import cli
+
+    name = f"fq_bulk_producer_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+        conn.execute(f'DROP OWNED BY "{name}"')
+    conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+    conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{PASSWORD}'")
+    assert cli.main(["grant", "producer", name, "--database-url", db_url]) == 0
+    try:
+        yield name
+    finally:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        conn.execute(f'DROP OWNED BY "{name}"')
+        conn.execute(f'DROP ROLE IF EXISTS "{name}"')

@@ -1,5 +1,5 @@
 """PeriodicSchedule.resumed_at: the column schema revision fq0007 added (the model had not followed;
-tests/test_django_models_schema.py now compares every model with its table). The model is unmanaged,
+tests/django/test_models.py now compares every model with its table). The model is unmanaged,
 so this changes Django's migration state only, never the database."""
 
 from django.db import migrations, models

@@ -1,5 +1,5 @@
 """fairqueue.update_channel: changes only what it is given, checks before writing, and concurrent editors of
-one channel all land, on every kind of caller transaction (the admin role's rights: tests/test_roles.py)."""
+one channel all land, on every kind of caller transaction (the admin role's rights: tests/core/test_roles.py)."""
 
 from __future__ import annotations
 

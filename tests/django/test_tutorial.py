@@ -23,7 +23,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "django.md"
 
 pytestmark = pytest.mark.slow

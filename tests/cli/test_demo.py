@@ -20,7 +20,7 @@ import fairqueue
 from fairqueue.urls import database_name
 from tests.helpers import count, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEMO_ARGS = ["--bob-jobs", "600", "--workers", "2"]
 
 

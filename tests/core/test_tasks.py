@@ -85,15 +85,15 @@ def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
 
 def test_the_default_name_is_module_and_qualified_name() -> None:
     t = fairqueue.task(named_by_default)
-    assert t.name == "tests.test_tasks.named_by_default"
-    assert fairqueue.registry.get("tests.test_tasks.named_by_default") is t
+    assert t.name == f"{__name__}.named_by_default"
+    assert fairqueue.registry.get(f"{__name__}.named_by_default") is t
 
 
 def test_an_explicit_name_wins_over_the_default() -> None:
     t = fairqueue.task(name="tt.explicit")(named_explicitly)
     assert t.name == "tt.explicit"
     assert fairqueue.registry.get("tt.explicit") is t
-    assert fairqueue.registry.get("tests.test_tasks.named_explicitly") is None
+    assert fairqueue.registry.get(f"{__name__}.named_explicitly") is None
 
 
 def test_another_function_under_a_taken_name_is_refused_naming_both() -> None:
@@ -102,7 +102,7 @@ def test_another_function_under_a_taken_name_is_refused_naming_both() -> None:
         fairqueue.task(name="tt.clash")(clash_second)
     message = str(excinfo.value)
     assert "tt.clash" in message
-    assert "tests.test_tasks.clash_first" in message and "tests.test_tasks.clash_second" in message
+    assert f"{__name__}.clash_first" in message and f"{__name__}.clash_second" in message
     assert fairqueue.registry.get("tt.clash") is first
 
 
@@ -119,7 +119,7 @@ def test_a_reloaded_function_with_the_same_module_and_qualname_replaces_its_task
     # what importlib.reload produces: a new function object with the same module and qualified name
     reloaded_fn = types.FunctionType(registered_twice.__code__, registered_twice.__globals__)
     assert reloaded_fn is not registered_twice
-    assert (reloaded_fn.__module__, reloaded_fn.__qualname__) == ("tests.test_tasks", "registered_twice")
+    assert (reloaded_fn.__module__, reloaded_fn.__qualname__) == (__name__, "registered_twice")
     reloaded = make_task(reloaded_fn, "tt.reloaded")
     registry.add(original)
     registry.add(reloaded)
@@ -134,7 +134,7 @@ def test_a_task_defined_inside_a_function_warns_that_it_has_no_stable_name() -> 
         def local_task() -> None:
             pass
 
-    assert local_task.name.startswith("tests.test_tasks.test_a_task_defined_inside")
+    assert local_task.name.startswith(f"{__name__}.test_a_task_defined_inside")
     assert local_task.name.endswith(".<locals>.local_task")
     assert "pass name=" in str(caught[0].message)
 

@@ -29,7 +29,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.wait import WebDriverWait  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROJECT = REPO / "examples" / "django_shop"
 ARTIFACTS = REPO / "test-artifacts"
 PASSWORD = "browser-test-password"

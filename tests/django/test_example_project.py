@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("django")
 
-PROJECT = Path(__file__).resolve().parent.parent / "examples" / "django_shop"
+PROJECT = Path(__file__).resolve().parents[2] / "examples" / "django_shop"
 
 CHECKOUT = """
 import json

@@ -30,7 +30,7 @@ from tests.helpers import assert_consistent, count
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKER_ARGS = ["--import", "tests.worker_tasks", "--lease", "2", "--poll-interval", "0.2", "--grace", "5"]
 
 

@@ -15,8 +15,7 @@ import pytest
 import fairqueue
 from fairqueue.bulk import BulkEnqueueError
 from fairqueue.spark import enqueue_dataframe
-from tests.helpers import channel_counts, count
-from tests.test_bulk import producer_role_for
+from tests.helpers import channel_counts, count, producer_role_for
 
 pytestmark = pytest.mark.spark
 
@@ -409,7 +408,7 @@ def test_an_unmigrated_database_is_a_configuration_error(spark: Any, spark_url: 
 def test_a_producer_role_can_bulk_enqueue_a_dataframe(
     spark: Any, spark_url: str, conn: psycopg.Connection[Any], db_url: str
 ) -> None:
-    from tests.test_roles import as_role
+    from tests.helpers import as_role
 
     with producer_role_for(conn, db_url) as role:
         url = as_role(spark_url, role)  # the driver and every task connect as the producer

@@ -780,7 +780,7 @@ def test_command_line_end_to_end(archive: Path, history: str, tmp_path: Path) ->
     events = tmp_path / "events"
     events.mkdir()
     their_jar = str(next((Path(pyspark.__file__).parent / "jars").glob("*.jar")))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("FAIRQUEUE_SPARK_MASTER", None)
     done = subprocess.run(
         [

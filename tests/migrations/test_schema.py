@@ -22,7 +22,7 @@ from fairqueue import migrations, models
 from fairqueue.urls import to_sqlalchemy
 from tests.factories import ChannelFactory, CompletedJobFactory, WorkerFactory, use_session
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tables(url: str) -> set[str]:

@@ -412,7 +412,7 @@ def test_a_role_that_may_not_vacuum_leaves_it_to_autovacuum(
     conn: psycopg.Connection[Any], db_url: str, connect: Any
 ) -> None:
     from fairqueue.maintenance import vacuum_hot_tables
-    from tests.test_roles import as_role
+    from tests.helpers import as_role
 
     name = f"fq_novacuum_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     conn.execute(f'DROP ROLE IF EXISTS "{name}"')

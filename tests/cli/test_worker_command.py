@@ -25,7 +25,7 @@ import fairqueue
 from tests import worker_tasks as t
 from tests.helpers import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("migrate", "worker", "enqueue", "status", "retry", "cancel", "channels", "demo")
 
 

@@ -113,7 +113,7 @@ def test_an_unreachable_master_is_one_line_at_once(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         timeout=120,
         check=False,
     )

@@ -13,7 +13,7 @@ import pytest
 from fairqueue import sql
 from fairqueue.sql import Q
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LIBRARY = [REPO / "fairqueue", REPO / "fairqueue_django", REPO / "alembic"]
 SQL_PACKAGE = REPO / "fairqueue" / "sql"
 

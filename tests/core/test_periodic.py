@@ -23,7 +23,7 @@ from fairqueue.periodic import MISSED_GRACE, Periodic, PeriodicRunner, pause
 from tests import worker_tasks as t
 from tests.helpers import count, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def entry(cron: str = "* * * * *", *, missed: str = "skip", name: str = "every-minute") -> Periodic:

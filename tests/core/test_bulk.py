@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,9 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import fairqueue
-from fairqueue import bulk, cli
+from fairqueue import bulk
 from fairqueue.bulk import BatchResult, BulkEnqueueError
-from tests.helpers import channel_counts, count, race_against_open_transaction
+from tests.helpers import as_role, channel_counts, count, producer_role_for, race_against_open_transaction
 
 
 def test_jobs_are_ready_and_claimable_with_their_fields(conn: psycopg.Connection[Any], worker: int) -> None:
@@ -158,25 +156,6 @@ def test_channels_of_very_different_sizes_are_served_fairly(conn: psycopg.Connec
     assert channel_counts(fairqueue.claim_batch(conn, worker, 3)) == {"big": 1, "mid": 1, "small": 1}
 
 
-@contextlib.contextmanager
-def producer_role_for(conn: psycopg.Connection[Any], db_url: str) -> Iterator[str]:
-    """A login role with the producer level's rights (password: tests.test_roles.PASSWORD)."""
-    from tests.test_roles import PASSWORD
-
-    name = f"fq_bulk_producer_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
-    if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
-        conn.execute(f'DROP OWNED BY "{name}"')
-    conn.execute(f'DROP ROLE IF EXISTS "{name}"')
-    conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{PASSWORD}'")
-    assert cli.main(["grant", "producer", name, "--database-url", db_url]) == 0
-    try:
-        yield name
-    finally:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-        conn.execute(f'DROP OWNED BY "{name}"')
-        conn.execute(f'DROP ROLE IF EXISTS "{name}"')
-
-
 @pytest.fixture
 def producer_role(conn: psycopg.Connection[Any], db_url: str) -> Iterator[str]:
     with producer_role_for(conn, db_url) as name:
@@ -186,8 +165,6 @@ def producer_role(conn: psycopg.Connection[Any], db_url: str) -> Iterator[str]:
 def test_a_producer_role_can_bulk_enqueue_but_not_write_the_ledger(
     conn: psycopg.Connection[Any], db_url: str, producer_role: str
 ) -> None:
-    from tests.test_roles import as_role
-
     with psycopg.connect(as_role(db_url, producer_role), autocommit=True) as producer:
         assert fairqueue.bulk_enqueue(producer, [{"kind": "k"}] * 5, run_id="r").created == 5
         assert producer.execute("SELECT count(*) FROM fairqueue.bulk_batch").fetchone() == (1,)

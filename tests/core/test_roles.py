@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -16,14 +16,7 @@ from fairqueue import cli
 from fairqueue.status import collect_status
 from fairqueue.worker import Worker, WorkerConfig
 from tests import worker_tasks as t
-
-PASSWORD = "not-a-secret"  # a throwaway role of the test server
-
-
-def as_role(url: str, role: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{quote(role)}:{quote(PASSWORD)}@{host}"))
+from tests.helpers import PASSWORD, as_role
 
 
 @pytest.fixture

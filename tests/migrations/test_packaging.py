@@ -12,7 +12,7 @@ import pytest
 
 from fairqueue import migrations
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # independent of the PostgreSQL version: not repeated on 15
 

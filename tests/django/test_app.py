@@ -248,7 +248,7 @@ def test_runworker_runs_orm_handlers_with_fresh_connections(dj: psycopg.Connecti
             "--poll-interval",
             "0.1",
         ],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
         env=dict(os.environ, DJANGO_SETTINGS_MODULE="tests.django_settings"),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -90,7 +90,10 @@ class Job(Base):
 
     __tablename__ = "job"
     __table_args__ = (
-        Index("job_unique_key_idx", "unique_key", unique=True, postgresql_where=text("unique_key IS NOT NULL")),
+        # a unique key belongs to its channel: the same key in two channels is two keys
+        Index(
+            "job_unique_key_idx", "channel", "unique_key", unique=True, postgresql_where=text("unique_key IS NOT NULL")
+        ),
         {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01, "autovacuum_vacuum_threshold": 1000}},
     )
 
@@ -158,22 +161,25 @@ class JobDependency(Base):
 
 
 class FifoHolder(Base):
-    """The one job of a FIFO key that may currently be ready, running or retrying."""
+    """The one job of a FIFO key (of a channel) that may currently be ready, running or retrying."""
 
     __tablename__ = "fifo_holder"
+    __table_args__ = (PrimaryKeyConstraint("channel", "fifo_key", name="fifo_holder_pkey"),)
 
-    fifo_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    fifo_key: Mapped[str] = mapped_column(Text)
     job_id: Mapped[int] = mapped_column(BigInteger)
+    channel: Mapped[str] = mapped_column(Text)  # the key's scope
 
 
 class FifoWaiting(Base):
     """Jobs waiting for their FIFO key, served in id order."""
 
     __tablename__ = "fifo_waiting"
-    __table_args__ = (Index("fifo_waiting_key_idx", "fifo_key", "job_id"),)
+    __table_args__ = (Index("fifo_waiting_key_idx", "channel", "fifo_key", "job_id"),)
 
     job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     fifo_key: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
 
 
 class ChannelWakeup(Base):

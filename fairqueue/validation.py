@@ -32,6 +32,11 @@ MAX_RATE = 1_000_000.0  # jobs per second
 SLOWEST_RATE_PERIOD = 365 * 86400.0  # a rate limit allows at least one job per this many seconds
 
 
+#: C0 controls, DEL and C1 controls: names are printed in status output, the admin and log lines,
+#: where one of these could forge a line (the SQL functions refuse them too).
+_CONTROL = re.compile(r"[\x01-\x1f\x7f-\x9f]")
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -43,6 +48,12 @@ def check_text(what: str, value: object, *, max_len: int = MAX_NAME, error: type
         raise error(f"{what} must be 1 to {max_len} characters long, got {len(value)}")
     if "\x00" in value:
         raise error(f"{what} must not contain NUL characters")
+    control = _CONTROL.search(value)
+    if control:
+        raise error(
+            f"{what} must not contain control characters (newline, tab, escape, ...): "
+            f"it contains U+{ord(control.group()):04X}"
+        )
     if not _encodable(value):
         raise error(f"{what} must be valid Unicode text: it contains a lone surrogate, which UTF-8 cannot encode")
     return value

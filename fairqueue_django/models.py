@@ -106,10 +106,11 @@ class JobDependency(ReadOnlyModel):
 
 
 class FifoWaiting(ReadOnlyModel):
-    """A job queued behind the current holder of its FIFO key."""
+    """A job queued behind the current holder of its FIFO key (keys belong to their channel)."""
 
     job_id = models.BigIntegerField(primary_key=True)
     fifo_key = models.TextField()
+    channel = models.TextField()
 
     class Meta:
         managed = False

@@ -211,3 +211,49 @@ def test_a_completion_commits_with_the_handlers_writes_or_not_at_all(caller: Cal
     info = fairqueue.get_job(caller.conn, job_id)
     assert info is not None and (info.status, info.result) == ("succeeded", {"shipped": True})
     assert caller.orders() == 1
+
+
+# -- keys belong to their channel (tenant isolation) ---------------------------------------------------
+
+
+ENQUEUE_WITH_KEY: dict[str, Callable[..., int]] = {
+    "enqueue": lambda db, channel, **key: fairqueue.enqueue(db, "k", {"by": channel}, channel=channel, **key),
+    "enqueue_many": lambda db, channel, **key: fairqueue.enqueue_many(
+        db, [{"kind": "k", "args": {"by": channel}, "channel": channel, **key}]
+    )[0],
+    "bulk_enqueue": lambda db, channel, **key: (
+        fairqueue.bulk_enqueue(db, [{"kind": "k", "args": {"by": channel}, "channel": channel, **key}]).created
+    ),
+}
+
+
+@pytest.mark.parametrize("operation", list(ENQUEUE_WITH_KEY))
+def test_the_same_unique_key_in_two_channels_is_two_jobs(caller: Caller, operation: str) -> None:
+    enqueue = ENQUEUE_WITH_KEY[operation]
+    with caller.transaction() as tx:
+        alice = enqueue(tx.db, "alice", unique_key="invoice-1")
+        bob = enqueue(tx.db, "bob", unique_key="invoice-1")  # Bob's key, not Alice's job
+        again = enqueue(tx.db, "alice", unique_key="invoice-1")  # within a channel the key still holds
+        tx.commit()
+    rows = caller.conn.execute("SELECT channel, args->>'by' FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [("alice", "alice"), ("bob", "bob")]
+    if operation == "bulk_enqueue":  # counts: each created one job, the repeat none
+        assert (alice, bob, again) == (1, 1, 0)
+    else:
+        assert alice != bob and again == alice
+
+
+@pytest.mark.parametrize("operation", list(ENQUEUE_WITH_KEY))
+def test_a_fifo_key_of_one_channel_does_not_hold_back_another_channels_job(
+    caller: Caller, worker_of: int, operation: str
+) -> None:
+    enqueue = ENQUEUE_WITH_KEY[operation]
+    with caller.transaction() as tx:
+        enqueue(tx.db, "alice", fifo_key="account-9")
+        enqueue(tx.db, "alice", fifo_key="account-9")  # waits behind Alice's first
+        enqueue(tx.db, "bob", fifo_key="account-9")  # Bob's own key: runs beside Alice's
+        tx.commit()
+    claimed = fairqueue.claim_batch(caller.conn, worker_of, 10)
+    assert sorted((j.channel, j.args["by"]) for j in claimed) == [("alice", "alice"), ("bob", "bob")]
+    waiting = caller.conn.execute("SELECT channel, fifo_key FROM fairqueue.fifo_waiting").fetchall()
+    assert waiting == [("alice", "account-9")]

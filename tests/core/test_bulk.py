@@ -23,16 +23,16 @@ def test_jobs_are_ready_and_claimable_with_their_fields(conn: psycopg.Connection
         conn,
         [
             {"kind": "mail.send", "args": {"to": "a@example.com", "tab": "x\ty\\z\nw"}, "channel": "acme"},
-            fairqueue.JobSpec("mail.send", {"n": 2}, channel="tab\tchannel", max_attempts=5, timeout=2.5),
+            fairqueue.JobSpec("mail.send", {"n": 2}, channel="back\\slash channel", max_attempts=5, timeout=2.5),
         ],
     )
     assert result == BatchResult(jobs=2, created=2, done_before=False, call_id=None)
     jobs = fairqueue.claim_batch(conn, worker, 10)
     by_channel = {j.channel: j for j in jobs}
-    assert set(by_channel) == {"acme", "tab\tchannel"}
+    assert set(by_channel) == {"acme", "back\\slash channel"}
     assert by_channel["acme"].args == {"to": "a@example.com", "tab": "x\ty\\z\nw"}
     assert by_channel["acme"].max_attempts == 3
-    assert (by_channel["tab\tchannel"].max_attempts, by_channel["tab\tchannel"].timeout) == (5, 2.5)
+    assert (by_channel["back\\slash channel"].max_attempts, by_channel["back\\slash channel"].timeout) == (5, 2.5)
 
 
 def test_unique_keys_dedupe_against_unfinished_jobs_and_within_the_input(conn: psycopg.Connection[Any]) -> None:

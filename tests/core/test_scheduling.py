@@ -255,7 +255,10 @@ def test_unique_keys_in_bulk(conn: psycopg.Connection[Any]) -> None:
 
 @pytest.mark.parametrize("where", ["ready", "scheduled", "blocked", "waiting"])
 def test_cancelled_queued_job_never_runs(conn: psycopg.Connection[Any], worker: int, where: str) -> None:
-    blocker = fairqueue.enqueue(conn, "blocker", fifo_key="f") if where in ("blocked", "waiting") else None
+    # (a FIFO key belongs to its channel: the blocker holds the victim's channel's key)
+    blocker = (
+        fairqueue.enqueue(conn, "blocker", fifo_key="f", channel="held") if where in ("blocked", "waiting") else None
+    )
     if blocker:
         fairqueue.claim_batch(conn, worker, 10)  # the blocker runs and holds the FIFO key
     job = fairqueue.enqueue(

@@ -400,8 +400,9 @@ def test_using_applies_channel_delay_and_unique_key(conn: psycopg.Connection[Any
     info = fairqueue.get_job(conn, job_id)
     assert info is not None and info.status == "scheduled"
 
-    # while that job is unfinished, the key hands back its id instead of a new job
-    assert record.using(unique_key="tt-key").enqueue(conn, "b") == job_id
+    # while that job is unfinished, the key (of its channel: keys belong to their channel) hands back
+    # its id instead of a new job
+    assert record.using(channel="tt-other", unique_key="tt-key").enqueue(conn, "b") == job_id
     assert count(conn, "job") == 1
 
 

@@ -79,7 +79,9 @@ def test_workers_need_the_head_revision_and_accept_a_newer_one(empty_database_ur
     from fairqueue.worker import Worker, WorkerConfig
 
     migrations.upgrade(empty_database_url, "fq0007")
-    with pytest.raises(ConfigurationError, match=r"is at fq0007, and this fairqueue needs fq0008.*fairqueue migrate"):
+    with pytest.raises(
+        ConfigurationError, match=rf"is at fq0007, and this fairqueue needs {sql.HEAD}.*fairqueue migrate"
+    ):
         Worker(WorkerConfig(database_url=empty_database_url)).run()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute("COMMENT ON SCHEMA fairqueue IS NULL")  # as an older fairqueue left it: no revision recorded

@@ -184,7 +184,7 @@ def test_rows_become_jobs_with_their_args_channel_and_options(
     )
     data = [
         ("acme", 1, 'tab\there "quoted" \\ back\nslash', 1.5, date(2026, 1, 2), ["a", "b"], {"x": 1}),
-        ("tab\tco", 2, None, None, None, None, None),
+        ("back\\slash co", 2, None, None, None, None, None),
     ]
     df = spark.createDataFrame(data, schema)
     result = enqueue_dataframe(
@@ -211,7 +211,7 @@ def test_rows_become_jobs_with_their_args_channel_and_options(
         "tags": ["a", "b"],
         "x": {"x": 1},
     }
-    assert json.loads(jobs["tab\tco"][1]) == {
+    assert json.loads(jobs["back\\slash co"][1]) == {
         "customer_id": 2,
         "name": None,
         "score": None,

@@ -81,8 +81,9 @@ CREATE TABLE fairqueue.job (
     CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
--- One live job per unique key; the key is free again once the job has ended.
-CREATE UNIQUE INDEX job_unique_key_idx ON fairqueue.job (unique_key) WHERE unique_key IS NOT NULL;
+-- One live job per unique key of a channel: keys belong to their channel (tenant), so the same key
+-- in two channels is two keys. The key is free again once the job has ended.
+CREATE UNIQUE INDEX job_unique_key_idx ON fairqueue.job (channel, unique_key) WHERE unique_key IS NOT NULL;
 
 -- The hot set: jobs runnable now (worker_id IS NULL) or running. Small rows, few indexes.
 CREATE TABLE fairqueue.running_job (
@@ -118,17 +119,21 @@ CREATE TABLE fairqueue.job_dependency (
 );
 CREATE INDEX job_dependency_depends_on_idx ON fairqueue.job_dependency (depends_on);
 
--- FIFO keys: the holder is the one job of the key that may be ready/running/retrying;
--- the others wait in id order.
+-- FIFO keys, each scoped to its channel like unique keys: the holder is the one job of the
+-- (channel, key) that may be ready/running/retrying; the others wait in id order. (channel came
+-- last, in revision fq0009, when keys became per channel.)
 CREATE TABLE fairqueue.fifo_holder (
-    fifo_key  text PRIMARY KEY,
-    job_id    bigint NOT NULL
+    fifo_key  text NOT NULL,
+    job_id    bigint NOT NULL,
+    channel   text NOT NULL,
+    CONSTRAINT fifo_holder_pkey PRIMARY KEY (channel, fifo_key)
 );
 CREATE TABLE fairqueue.fifo_waiting (
     job_id    bigint PRIMARY KEY,
-    fifo_key  text NOT NULL
+    fifo_key  text NOT NULL,
+    channel   text NOT NULL
 );
-CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (fifo_key, job_id);
+CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (channel, fifo_key, job_id);
 
 -- Written by a producer only when its channel may be idle; consumed by the next claim, which reads
 -- it through its key: a sequential scan would read every page a past burst left behind.

@@ -67,6 +67,27 @@ BEGIN
     PERFORM pg_notify('fairqueue', '');
 END $$;
 
+-- Names (kinds, channels, keys, worker and schedule names, bulk run ids) are shown in `fairqueue
+-- status`, the admin and log lines, so none may hold a control character (C0, DEL or C1: newline,
+-- carriage return, escape...): a tenant could forge lines with one. The public functions test their
+-- names with one regular expression and call this only to raise the error, naming the first field
+-- that holds one and the character.
+CREATE FUNCTION fairqueue._refuse_control_characters(p_what text[], p_values text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_found text;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_what), 0) LOOP
+        v_found := substring(p_values[i] FROM '[\u0001-\u001f\u007f-\u009f]');
+        IF v_found IS NOT NULL THEN
+            RAISE EXCEPTION 'fairqueue: % must not contain control characters (it contains U+%)',
+                p_what[i], lpad(upper(to_hex(ascii(v_found))), 4, '0')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+END $$;
+
 -- One job. Returns its id and whether it was created: false when an unfinished job of the same
 -- unique key exists, whose id is returned instead. The caller (fairqueue.enqueue) has validated every
 -- value; the table constraints are the last line.
@@ -100,6 +121,10 @@ BEGIN
     IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
         RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key'], ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key]);
+    END IF;
     IF cardinality(p_depends_on) = 0 THEN
         p_depends_on := NULL;
     END IF;
@@ -116,10 +141,10 @@ BEGIN
                                    depends_on, run_at, created_at)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
                 p_depends_on, p_run_at, v_now)
-        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id INTO job_id;
         IF job_id IS NULL THEN
-            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.unique_key = p_unique_key;
+            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.channel = p_channel AND j.unique_key = p_unique_key;
             IF job_id IS NULL THEN
                 RAISE EXCEPTION 'fairqueue: the job holding unique key % ended concurrently; retry', p_unique_key
                     USING ERRCODE = 'serialization_failure';
@@ -129,6 +154,11 @@ BEGIN
         END IF;
     END IF;
     created := true;
+    IF p_depends_on IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_depends_on) AS d WHERE d >= job_id) THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for job %: a job can only depend on jobs enqueued before it',
+            job_id, (SELECT max(d) FROM unnest(p_depends_on) AS d)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now THEN
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
@@ -168,6 +198,7 @@ DECLARE
     v_channels text[];
     v_channel  text;
     v_sched    integer;
+    v_early    bigint;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -178,6 +209,13 @@ BEGIN
        OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n THEN
         RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                 array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key'],
+            ARRAY[array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                  array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' ')]);
     END IF;
 
     WITH input AS (
@@ -205,7 +243,7 @@ BEGIN
         SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now
         FROM input
         ORDER BY pos
-        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id
     ),
     placed AS (
@@ -225,8 +263,14 @@ BEGIN
     SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
            (SELECT array_agg(pos ORDER BY pos) FROM placed),
            (SELECT array_agg(DISTINCT channel) FROM ready),
-           (SELECT count(*) FROM staged WHERE run_at <= v_now)
-    INTO v_new, v_pos, v_channels, v_sched;
+           (SELECT count(*) FROM staged WHERE run_at <= v_now),
+           (SELECT min(p.id) FROM placed p WHERE EXISTS (SELECT 1 FROM unnest(p.depends_on) AS d WHERE d >= p.id))
+    INTO v_new, v_pos, v_channels, v_sched, v_early;
+    IF v_early IS NOT NULL THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for a job enqueued after it (or for itself): '
+                        'a job can only depend on jobs enqueued before it', v_early
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
 
     IF v_channels IS NOT NULL THEN
         IF cardinality(v_channels) <= 64 AND current_setting('transaction_isolation') = 'read committed' THEN
@@ -248,7 +292,9 @@ BEGIN
         SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
         FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
         LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
-        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job WHERE n.id IS NULL AND unique_key = u.unique_key LIMIT 1) AS j
+        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job
+                           WHERE n.id IS NULL AND channel = coalesce(p_channels[u.ord::integer], 'default')
+                             AND unique_key = u.unique_key LIMIT 1) AS j
             ON true
         WHERE p_unique_keys IS NOT NULL
         UNION ALL

@@ -136,8 +136,8 @@ BEGIN
     RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now);
 END $$;
 
--- Places a job whose dependencies have all succeeded: it takes its FIFO key or waits for it, or
--- becomes ready. Returns the channel if the job became ready.
+-- Places a job whose dependencies have all succeeded: it takes its FIFO key (in its channel) or
+-- waits for it, or becomes ready. Returns the channel if the job became ready.
 CREATE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
                                                     p_now timestamptz)
 RETURNS text
@@ -145,13 +145,13 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF p_fifo_key IS NOT NULL THEN
         LOOP
-            INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (p_fifo_key, p_job_id)
+            INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (p_channel, p_fifo_key, p_job_id)
             ON CONFLICT DO NOTHING;
             EXIT WHEN FOUND;
             -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
-            PERFORM 1 FROM fairqueue.fifo_holder WHERE fifo_key = p_fifo_key FOR KEY SHARE;
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE channel = p_channel AND fifo_key = p_fifo_key FOR KEY SHARE;
             IF FOUND THEN
-                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key) VALUES (p_job_id, p_fifo_key);
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key, channel) VALUES (p_job_id, p_fifo_key, p_channel);
                 RETURN NULL;
             END IF;
         END LOOP;

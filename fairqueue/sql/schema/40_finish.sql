@@ -49,7 +49,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_fifo    record;
     v_next    bigint;
-    v_next_ch text;
     v_cand    bigint[];
     v_dep     record;
     v_channel text;
@@ -57,17 +56,16 @@ BEGIN
     activate := '{}';
     IF p_fifo_ids IS NOT NULL THEN
         FOR v_fifo IN
-            DELETE FROM fairqueue.fifo_holder h WHERE h.job_id = ANY (p_fifo_ids) RETURNING h.fifo_key
+            DELETE FROM fairqueue.fifo_holder h WHERE h.job_id = ANY (p_fifo_ids) RETURNING h.channel, h.fifo_key
         LOOP
             SELECT w.job_id INTO v_next FROM fairqueue.fifo_waiting w
-            WHERE w.fifo_key = v_fifo.fifo_key ORDER BY w.job_id LIMIT 1 FOR UPDATE;
+            WHERE w.channel = v_fifo.channel AND w.fifo_key = v_fifo.fifo_key ORDER BY w.job_id LIMIT 1 FOR UPDATE;
             IF FOUND THEN
                 DELETE FROM fairqueue.fifo_waiting WHERE job_id = v_next;
-                INSERT INTO fairqueue.fifo_holder (fifo_key, job_id) VALUES (v_fifo.fifo_key, v_next);
-                SELECT channel INTO v_next_ch FROM fairqueue.job WHERE id = v_next;
+                INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (v_fifo.channel, v_fifo.fifo_key, v_next);
                 INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
-                VALUES (v_next, v_next_ch, 0, p_now);
-                activate := activate || v_next_ch;
+                VALUES (v_next, v_fifo.channel, 0, p_now);
+                activate := activate || v_fifo.channel;
             END IF;
         END LOOP;
     END IF;

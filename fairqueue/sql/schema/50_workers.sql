@@ -15,6 +15,9 @@ BEGIN
     IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 THEN
         RAISE EXCEPTION 'fairqueue: lease must be a positive number of seconds' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['worker name'], ARRAY[p_name]);
+    END IF;
     INSERT INTO fairqueue.worker (name, info, lease_expires_at)
     VALUES (coalesce(p_name, 'worker'), coalesce(p_info, '{}'::jsonb),
             clock_timestamp() + make_interval(secs => p_lease_seconds))

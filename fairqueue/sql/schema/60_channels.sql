@@ -26,6 +26,9 @@ DECLARE
     v_old_cap  integer;
     v_running  integer;
 BEGIN
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
+    END IF;
     -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
     -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
     PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));

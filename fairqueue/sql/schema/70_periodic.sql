@@ -32,6 +32,9 @@ RETURNS void
 LANGUAGE sql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT fairqueue._refuse_control_characters(ARRAY['schedule name', 'kind', 'channel'],
+                                                ARRAY[p_name, p_kind, p_channel])
+    WHERE concat_ws(' ', p_name, p_kind, p_channel) ~ '[\u0001-\u001f\u007f-\u009f]';
     INSERT INTO fairqueue.periodic_schedule AS s (name, cron, timezone, kind, channel, args, missed, last_tick)
     VALUES (p_name, p_cron, p_timezone, p_kind, p_channel, p_args, p_missed, clock_timestamp())
     ON CONFLICT (name) DO UPDATE SET

@@ -62,6 +62,9 @@ BEGIN
         RAISE EXCEPTION 'fairqueue: a bulk run id must be a non-empty string of at most 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF concat_ws(' ', p_run_id, p_kind) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['run_id', 'kind'], ARRAY[p_run_id, p_kind]);
+    END IF;
     INSERT INTO fairqueue.bulk_run (run_id, kind, row_count, fingerprint, buckets, batch_size)
     VALUES (p_run_id, p_kind, p_row_count, p_fingerprint, p_buckets, p_batch_size)
     ON CONFLICT (run_id) DO NOTHING;
@@ -121,6 +124,13 @@ BEGIN
         RAISE EXCEPTION 'fairqueue: every job of a batch needs a kind and a channel'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF concat_ws(' ', p_run_id, p_batch_key, array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                 array_to_string(p_unique_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['run_id', 'batch_key', 'kind', 'channel', 'unique_key'],
+            ARRAY[p_run_id, p_batch_key, array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                  array_to_string(p_unique_keys, ' ')]);
+    END IF;
     IF p_run_id IS NOT NULL THEN
         IF p_batch_key IS NULL OR length(p_batch_key) NOT BETWEEN 1 AND 255 OR p_digest IS NULL THEN
             RAISE EXCEPTION 'fairqueue: a batch of a bulk run needs a key (1 to 255 characters) and a digest'
@@ -154,7 +164,7 @@ BEGIN
                    u.unique_key, v_now
             FROM unnest(p_kinds, p_args, p_channels, p_max_attempts, p_timeouts, p_unique_keys)
                  AS u(kind, args, channel, max_attempts, timeout_seconds, unique_key)
-            ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+            ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
             RETURNING id, channel
         ),
         ready AS (

@@ -2,8 +2,10 @@
 -- detached and dropped (fairqueue archive) instead of deleted row by row. The maintenance role
 -- creates the days ahead; installing the schema creates yesterday to three days ahead.
 
--- Creates the daily partitions (each split by outcome) for p_from .. p_from + p_days_ahead.
--- Rows that already landed in the default partition for such a day are moved into it first.
+-- Creates the daily partitions (each split by outcome) for p_from .. p_from + p_days_ahead (at most
+-- 366 days; p_from defaults to today, UTC, and only the schema's owner may start elsewhere than
+-- yesterday or today). Rows that already landed in the default partition for such a day are moved
+-- into it first.
 CREATE FUNCTION fairqueue.ensure_completed_partitions(p_days_ahead integer DEFAULT 3, p_from date DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql
@@ -20,6 +22,16 @@ BEGIN
     IF p_days_ahead IS NULL OR p_days_ahead < 0 OR p_days_ahead > 366 THEN
         RAISE EXCEPTION 'fairqueue: days ahead must be between 0 and 366, got %', p_days_ahead
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A worker role may call this (the maintenance role creates the days ahead): it may start from
+    -- yesterday or today only, so it cannot create partitions for any date. The schema's owner (an
+    -- operator, the migrations) may start anywhere, e.g. to give old rows of the default partition
+    -- their day before archiving them.
+    IF v_start NOT BETWEEN (now() AT TIME ZONE 'UTC')::date - 1 AND (now() AT TIME ZONE 'UTC')::date
+       AND NOT pg_has_role(session_user, (SELECT nspowner FROM pg_namespace WHERE nspname = 'fairqueue'), 'USAGE') THEN
+        RAISE EXCEPTION 'fairqueue: only the schema''s owner may create history partitions from %; other roles start '
+                        'from yesterday or today (UTC)', v_start
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
     -- one partition manager at a time
     PERFORM pg_advisory_xact_lock(1718681601, 0);

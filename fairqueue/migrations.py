@@ -8,7 +8,6 @@ in the schema's comment), exactly as the Django migrations do.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,7 +48,15 @@ def alembic_step(revision_id: str) -> tuple[Callable[[], None], Callable[[], Non
 
         op.execute(sa.text(step_sql(revision_id, direction)))
 
-    return functools.partial(run, "up"), functools.partial(run, "down")
+    # Plain functions, not functools.partial: Alembic logs each step by its function's __name__
+    # ("Running upgrade fq0007 -> fq0008"), which a partial does not have.
+    def upgrade() -> None:
+        run("up")
+
+    def downgrade() -> None:
+        run("down")
+
+    return upgrade, downgrade
 
 
 def installed_revision(db: object) -> str | None:

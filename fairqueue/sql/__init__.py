@@ -33,6 +33,7 @@ __all__ = [
     "dropped_by",
     "drops_in",
     "installed_revision_of",
+    "is_revision_id",
     "migration_file",
     "previous",
     "queries",
@@ -110,9 +111,14 @@ def migration_file(name: str) -> str:
     return _read("migrations", name)
 
 
+def is_revision_id(text: str) -> bool:
+    """Whether ``text`` has the form of a fairqueue revision id (``fq0007``; this release's or another's)."""
+    return bool(_REVISION_ID.fullmatch(text))
+
+
 def stamp_sql(revision_id: str) -> str:
     """The statement that records ``revision_id`` in the schema's comment."""
-    if not _REVISION_ID.fullmatch(revision_id):
+    if not is_revision_id(revision_id):
         raise ValueError(f"not a revision id: {revision_id!r}")
     return f"COMMENT ON SCHEMA fairqueue IS '{_MARK.format(revision=revision_id)}';\n"
 

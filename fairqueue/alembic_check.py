@@ -137,8 +137,7 @@ def check_alembic_ini(ini: str = "alembic.ini") -> str:
             raise AlembicConfigError(
                 f"your revision {script.revision} ({script.path}) continues fairqueue's branch (its "
                 f"down_revision is {', '.join(continued)}): your revisions need a branch of their own "
-                f"(`alembic revision --head base --branch-label <name>`; depends_on = {continued[-1]!r} if they "
-                f"need fairqueue's schema) ({RECIPE})"
+                f"(`alembic revision --head base --branch-label <name>`) ({RECIPE})"
             )
     yours = [s for s in scripts if s.revision not in _KNOWN]
     heads = sorted(s.revision for s in yours if s.is_head)

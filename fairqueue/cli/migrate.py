@@ -4,9 +4,11 @@ it is at, pass it to or from a project's own Alembic, and check that Alembic's a
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from fairqueue.cli.args import EXIT_USAGE, database_url_option, refuse
+from fairqueue.sql import HEAD
 from fairqueue.urls import redact
 
 _EPILOG = """\
@@ -23,8 +25,6 @@ see docs/migrations.md"""
 
 
 def _usage_error(message: str) -> int:
-    import sys
-
     print(f"fairqueue: error: {message} (see: fairqueue migrate --help)", file=sys.stderr)
     return EXIT_USAGE
 
@@ -102,8 +102,6 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _at(revision: str | None) -> str:
-    from fairqueue.sql import HEAD
-
     if revision is None:
         return "at base (nothing installed)"
     return f"at head ({revision})" if revision == HEAD else f"at {revision}"
@@ -126,9 +124,9 @@ def add_migrate_command(commands: Any) -> None:
         "migrate",
         help="create or upgrade fairqueue's tables and functions in a database",
         description=(
-            "Apply fairqueue's migrations (Alembic revisions in the fairqueue branch): upgrade to the latest "
-            "revision by default. Moving down needs --downgrade, and --yes-drop-data when the revisions it "
-            "undoes drop data (base drops the schema: every job and all history)."
+            "Apply fairqueue's migrations (Alembic revisions in the fairqueue branch): upgrade to the\n"
+            "latest revision by default. Moving down needs --downgrade, and --yes-drop-data when the\n"
+            "revisions it undoes drop data (base drops the schema: every job and all history)."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

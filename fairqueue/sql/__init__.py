@@ -27,9 +27,13 @@ __all__ = [
     "HEAD",
     "REVISIONS",
     "Direction",
+    "Drop",
     "Q",
     "Revision",
+    "dropped_by",
+    "drops_in",
     "installed_revision_of",
+    "is_revision_id",
     "migration_file",
     "previous",
     "queries",
@@ -108,9 +112,14 @@ def migration_file(name: str) -> str:
     return _read("migrations", name)
 
 
+def is_revision_id(text: str) -> bool:
+    """Whether ``text`` has the form of a fairqueue revision id (``fq0007``; this release's or another's)."""
+    return bool(_REVISION_ID.fullmatch(text))
+
+
 def stamp_sql(revision_id: str) -> str:
     """The statement that records ``revision_id`` in the schema's comment."""
-    if not _REVISION_ID.fullmatch(revision_id):
+    if not is_revision_id(revision_id):
         raise ValueError(f"not a revision id: {revision_id!r}")
     return f"COMMENT ON SCHEMA fairqueue IS '{_MARK.format(revision=revision_id)}';\n"
 
@@ -134,6 +143,66 @@ def installed_revision_of(schema_comment: str | None) -> str | None:
         return None
     found = _MARK_PATTERN.match(schema_comment)
     return found.group(1) if found else None
+
+
+# -- what a down step drops ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Data a down step destroys: the whole schema, a table, a column, or rows of a table."""
+
+    kind: Literal["schema", "table", "column", "rows"]
+    name: str  # "fairqueue", "fairqueue.bulk_run", "fairqueue.periodic_schedule.resumed_at"
+
+    def __str__(self) -> str:
+        if self.kind == "schema":
+            return f"the schema {self.name} (every job, all history, channels, schedules and workers)"
+        if self.kind == "rows":
+            return f"rows of {self.name}"
+        return f"{self.kind} {self.name}"
+
+
+# Function bodies, literals and comments are removed before statements are read (a function body may
+# well delete rows); one pass, left to right, so that each hides what the others would misread.
+_NOT_STATEMENTS = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*|)\$.*?\$\1\$|'(?:[^']|'')*'|--[^\n]*", re.S)
+_NAME = r"[A-Za-z_][A-Za-z_0-9.]*"
+_DROP_SCHEMA = re.compile(rf"DROP\s+SCHEMA\s+(?:IF\s+EXISTS\s+)?({_NAME})", re.I)
+_DROP_TABLE = re.compile(rf"DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?({_NAME}(?:\s*,\s*{_NAME})*)", re.I)
+_ALTER_TABLE = re.compile(rf"ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?({_NAME})\s+(.*)", re.I | re.S)
+_DROP_IN_ALTER = re.compile(r"(?:^|,)\s*DROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?([A-Za-z_][A-Za-z_0-9]*)", re.I)
+_NOT_A_COLUMN = {"constraint", "default", "not", "expression", "identity"}
+_DELETE = re.compile(rf"(?:DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?)\s+(?:ONLY\s+)?({_NAME})", re.I)
+
+
+def _statements(text: str) -> list[str]:
+    """The top-level statements of a delta file, without function bodies, literals and comments."""
+    text = _NOT_STATEMENTS.sub(" ", text)
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def dropped_by(revision_id: str) -> tuple[Drop, ...]:
+    """The data the down step of ``revision_id`` destroys; empty if it only changes functions, indexes
+    and the like. tests/migrations check it against the catalog, step by step."""
+    return drops_in(migration_file(revision(revision_id).down_file))
+
+
+def drops_in(text: str) -> tuple[Drop, ...]:
+    """The data a delta destroys: its top-level ``DROP SCHEMA``, ``DROP TABLE``, ``ALTER TABLE ...
+    DROP COLUMN``, ``DELETE`` and ``TRUNCATE`` statements (not those inside function bodies)."""
+    found: list[Drop] = []
+    for statement in _statements(text):
+        if match := _DROP_SCHEMA.match(statement):
+            found.append(Drop("schema", match[1]))
+        elif match := _DROP_TABLE.match(statement):
+            found.extend(Drop("table", name.strip()) for name in match[1].split(","))
+        elif match := _ALTER_TABLE.match(statement):
+            for column in _DROP_IN_ALTER.findall(match[2]):
+                if column.lower() not in _NOT_A_COLUMN:
+                    found.append(Drop("column", f"{match[1]}.{column}"))
+        elif match := _DELETE.match(statement):
+            found.append(Drop("rows", match[1]))
+    return tuple(found)
 
 
 def schema_files() -> list[str]:

@@ -8,7 +8,6 @@ appear on the page, so the page and the test cannot drift apart.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -22,6 +21,8 @@ from pathlib import Path
 import psycopg
 import psycopg.conninfo
 import pytest
+
+from tests.installs import build_wheel, clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "django.md"
@@ -62,17 +63,9 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], on_page: str | None = No
 
 
 def test_the_django_tutorial_works_in_a_fresh_virtualenv(tmp_path: Path, empty_database_url: str) -> None:
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    [wheel] = wheels.glob("fairqueue-*.whl")
+    wheel = build_wheel(tmp_path / "wheels")
     venv = tmp_path / "venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "FAIRQUEUE_", "PYTHON", "VIRTUAL_ENV"))}
-    env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
+    env = clean_env(venv)
     run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, on_page="python -m venv .venv")
     run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[django]"], tmp_path, env, on_page="fairqueue[django]")
     run(["django-admin", "startproject", "shop"], tmp_path, env, on_page="django-admin startproject shop")

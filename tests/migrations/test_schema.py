@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.orm import Session
 
 import fairqueue
-from fairqueue import migrations, models
+from fairqueue import migrations, models, sql
 from fairqueue.urls import to_sqlalchemy
 from tests.factories import ChannelFactory, CompletedJobFactory, WorkerFactory, use_session
 
@@ -82,6 +83,19 @@ def test_alembic_upgrade_head_from_the_repository_root(empty_database_url: str) 
     result = _run([sys.executable, "-m", "alembic", "upgrade", "head"], empty_database_url)
     assert result.returncode == 0, result.stderr
     assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+def test_alembic_logs_every_step(empty_database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A project's env.py made by `alembic init` logs alembic at INFO: each step is logged by name
+    (Alembic formats "Running upgrade" with the step function's __name__, which must exist)."""
+    caplog.set_level(logging.INFO, logger="alembic")
+    migrations.upgrade(empty_database_url)
+    migrations.downgrade(empty_database_url, "fq0007")
+    messages = [record.getMessage() for record in caplog.records if record.name.startswith("alembic")]
+    steps = [m.partition(", ")[0] for m in messages if m.startswith("Running ")]
+    assert steps == [f"Running upgrade {sql.previous(s.id) or ''} -> {s.id}" for s in sql.REVISIONS] + [
+        "Running downgrade fq0008 -> fq0007"
+    ]
 
 
 def test_fairqueue_migrate_command(empty_database_url: str) -> None:

@@ -20,3 +20,21 @@ INSERT INTO fairqueue_alembic_version (version_num) VALUES (%s)
 
 -- name: role_exists
 SELECT 1 FROM pg_roles WHERE rolname = %s
+
+-- name: version_table_drop
+-- `fairqueue migrate --hand-over`: the project's own Alembic records fairqueue's revision from now on.
+DROP TABLE fairqueue_alembic_version
+
+-- name: schema_management
+-- Which tool migrates fairqueue's schema (fairqueue.migrations.SchemaState): whether the schema exists,
+-- its comment (the revision every step records), whether fairqueue_alembic_version exists (kept by
+-- `fairqueue migrate` and by Django), and whether a project's own Alembic keeps alembic_version here.
+-- Needs no privilege on any of them (a worker's role runs it too).
+SELECT to_regnamespace('fairqueue') IS NOT NULL,
+       pg_catalog.obj_description(to_regnamespace('fairqueue'), 'pg_namespace'),
+       to_regclass('fairqueue_alembic_version') IS NOT NULL,
+       to_regclass('alembic_version') IS NOT NULL
+
+-- name: project_alembic_revisions
+-- The heads a project's own Alembic records (its default version table, alembic_version).
+SELECT version_num FROM alembic_version

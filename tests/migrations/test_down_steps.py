@@ -41,7 +41,14 @@ def test_each_down_step_drops_what_dropped_by_says(empty_database_url: str) -> N
         lost_columns = {c for c in columns - columns_after if c.rsplit(".", 1)[0] not in lost_tables}
         expected = {Drop("table", t) for t in lost_tables} | {Drop("column", c) for c in lost_columns}
         assert set(sql.dropped_by(step.id)) == expected, step.id
-    assert [r.id for r in sql.REVISIONS if sql.dropped_by(r.id)] == ["fq0001", "fq0003", "fq0004", "fq0006", "fq0007"]
+    assert [r.id for r in sql.REVISIONS if sql.dropped_by(r.id)] == [
+        "fq0001",
+        "fq0003",
+        "fq0004",
+        "fq0006",
+        "fq0007",
+        "fq0009",
+    ]
 
 
 def test_statements_inside_function_bodies_and_literals_drop_nothing() -> None:

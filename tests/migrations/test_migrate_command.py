@@ -131,13 +131,14 @@ def test_current_prints_the_revision_alone(migrate: Run) -> None:
 
 
 def test_a_revision_below_the_current_one_is_refused_without_downgrade(migrate: Run, empty_database_url: str) -> None:
-    migrate()
+    migrate("--revision", "fq0008")  # (below fq0008, the next step down drops nothing)
     code, out, err = migrate("--revision", "fq0007")
     assert (code, out) == (1, "")
     assert _error(err).endswith(
-        f"fq0007 is below the revision of {empty_database_url} ({sql.HEAD}): to move down, run "
+        f"fq0007 is below the revision of {empty_database_url} (fq0008): to move down, run "
         "`fairqueue migrate --revision fq0007 --downgrade`; nothing was changed"
     )
+    migrate()
     code, _, err = migrate("--revision", "fq0001")
     assert code == 1
     assert "run `fairqueue migrate --revision fq0001 --downgrade --yes-drop-data`" in _error(err)
@@ -148,7 +149,7 @@ def test_a_revision_below_the_current_one_is_refused_without_downgrade(migrate: 
 
 
 def test_a_downgrade_that_drops_nothing_needs_only_the_flag(migrate: Run, empty_database_url: str) -> None:
-    migrate()
+    migrate("--revision", "fq0008")
     assert sql.dropped_by("fq0008") == ()
     code, out, err = migrate("--revision", "fq0007", "--downgrade")
     assert (code, err) == (0, "")
@@ -185,7 +186,7 @@ def test_removing_fairqueue_needs_downgrade_and_confirmation(migrate: Run, empty
     code, out, err = migrate("--revision", "base", "--downgrade")
     assert (code, out) == (1, "")
     assert (
-        "down from fq0008 to base drops the schema fairqueue (every job, all history, channels, schedules and "
+        f"down from {sql.HEAD} to base drops the schema fairqueue (every job, all history, channels, schedules and "
         "workers): add --yes-drop-data to do it; nothing was changed" in _error(err)
     )
     assert _sql(empty_database_url, "SELECT kind FROM fairqueue.job") == [("kept.until.confirmed",)]
@@ -218,7 +219,8 @@ def test_downgrade_to_a_revision_above_the_current_one_is_refused(migrate: Run, 
     [
         (
             ["--revision", "fq0042"],
-            "argument --revision: unknown revision 'fq0042': fairqueue's revisions are fq0001 to fq0008, head and base",
+            "argument --revision: unknown revision 'fq0042': fairqueue's revisions are fq0001 to "
+            f"{sql.HEAD}, head and base",
         ),
         (["--revision", "-1"], "argument --revision: unknown revision '-1'"),
         (["--downgrade"], "--downgrade needs --revision (the revision to move down to, or base)"),
@@ -277,7 +279,7 @@ def test_the_worker_check_says_which_tool_to_run(empty_database_url: str) -> Non
         _as_if_a_projects_alembic_migrated_it(empty_database_url)
         with pytest.raises(
             ConfigurationError,
-            match=r"is at fq0007, and this fairqueue needs fq0008: your project's Alembic migrates it: run "
+            match=rf"is at fq0007, and this fairqueue needs {sql.HEAD}: your project's Alembic migrates it: run "
             r"`alembic upgrade fairqueue@head` first$",
         ):
             migrations.check_schema(conn, empty_database_url)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fairqueue._db import executor_for
+from fairqueue.channels import burst_number
 from fairqueue.durations import compact
 from fairqueue.sql import Q
 from fairqueue.text import first_line
@@ -64,7 +65,7 @@ def collect_channels(db: object) -> list[dict[str, Any]]:
                 "running": int(running),
                 "max_concurrency": cap,
                 "rate_limit": rate,
-                "burst": float(burst),
+                "burst": burst_number(burst),
                 "weight": int(weight),
                 "paused": bool(paused),
                 "state": _channel_state(bool(paused), int(ready), int(running)),
@@ -278,7 +279,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Seque
 def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] | None = None) -> list[str]:
     if not channels:
         return ["(no channels)"]
-    headers = ["CHANNEL", "READY", "SCHEDULED", "RUNNING", "CAP", "RATE", "WEIGHT", "STATE", "OLDEST READY"]
+    # BURST only means something with a rate limit: "-" without one
+    headers = ["CHANNEL", "READY", "SCHEDULED", "RUNNING", "CAP", "RATE", "WEIGHT", "BURST", "STATE", "OLDEST READY"]
     rows = [
         [
             c["name"],
@@ -288,6 +290,7 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
             _cell(c["max_concurrency"]),
             _cell(c["rate_limit"]),
             str(c["weight"]),
+            str(burst_number(c["burst"])) if c["rate_limit"] else _EMPTY,
             c["state"],
             duration(c["oldest_ready_seconds"]),
         ]
@@ -295,9 +298,9 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
     ]
     totals = totals or channel_totals(channels)
     rows.append(
-        [f"TOTAL ({len(channels)})", str(totals["ready"]), str(totals["scheduled"]), str(totals["running"])] + [""] * 5
+        [f"TOTAL ({len(channels)})", str(totals["ready"]), str(totals["scheduled"]), str(totals["running"])] + [""] * 6
     )
-    lines = table(headers, rows, right=(1, 2, 3, 4, 6))
+    lines = table(headers, rows, right=(1, 2, 3, 4, 6, 7))
     # a rule above the totals line
     lines.insert(len(lines) - 1, "-" * max(len(line) for line in lines))
     return lines

@@ -469,6 +469,25 @@ def test_pause_and_resume_keep_the_other_settings(login: MakeClient, queue: Queu
     assert {j.channel for j in fairqueue.claim_batch(dj, queue.worker, 10)} <= {"tenant-d"}
 
 
+def test_a_burst_is_shown_as_it_was_given(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    """tenant-a's burst was set as 3: the list and the form show 3, not the 3.0 the float column holds."""
+    fairqueue.configure_channel(dj, "tenant-half", rate_limit="1/s", burst=2.5)
+    client = login("root", superuser=True)
+    listing = _text(client.get(f"{ADMIN}/channel/"))
+    row = r'<th class="field-name"><a [^>]*>([^<]*)</a></th>.*?<td class="field-(?:rate_)?burst">([^<]*)</td>'
+    cells = dict(re.findall(row, listing, re.S))
+    assert cells["tenant-a"] == "3" and cells["tenant-half"] == "2.5", cells
+    page = _text(client.get(f"{ADMIN}/channel/tenant-a/change/"))
+    assert 'name="rate_burst" value="3"' in page and 'name="initial-rate_burst" value="3"' in page
+    assert 'name="rate_burst" value="2.5"' in _text(client.get(f"{ADMIN}/channel/tenant-half/change/"))
+    # saving the page as drawn changes nothing (the initial 3 is the stored 3.0)
+    form = client.get(f"{ADMIN}/channel/tenant-a/change/").context["adminform"].form
+    assert form.fields["rate_burst"].prepare_value(form.initial["rate_burst"]) == 3
+    before = _channel(dj, "tenant-a")
+    client.post(f"{ADMIN}/channel/tenant-a/change/", _form_data(form))
+    assert _channel(dj, "tenant-a") == before
+
+
 LIMITS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
 
 

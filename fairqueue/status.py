@@ -22,6 +22,8 @@ from fairqueue.text import first_line
 ERROR_WIDTH = 80
 
 _EMPTY = "-"
+#: The last tick of a periodic schedule that has not fired yet.
+NEVER = "never"
 
 
 def _utc(value: datetime) -> datetime:
@@ -185,9 +187,11 @@ def collect_wait_times(db: object, since_hours: float) -> dict[str, Any]:
 
 
 def collect_periodic(db: object) -> list[dict[str, Any]]:
-    """The periodic schedules, with their next tick (by the schedule's own clock rule)."""
+    """The periodic schedules, with their last tick (None while a schedule has never fired, see
+    :func:`fairqueue.periodic.has_fired`) and their next tick (by the schedule's own clock rule)."""
     from fairqueue.cron import CronSchedule
     from fairqueue.errors import ConfigurationError
+    from fairqueue.periodic import has_fired
 
     out = []
     now = datetime.now(UTC)
@@ -208,7 +212,7 @@ def collect_periodic(db: object) -> list[dict[str, Any]]:
                 "channel": channel,
                 "missed": missed,
                 "paused": paused,
-                "last_tick": _iso(last_tick),
+                "last_tick": _iso(last_tick) if has_fired(last_job) else None,
                 "next_tick": _iso(upcoming),
                 "last_job_id": last_job,
                 "last_outcome": "running or queued" if live else outcome,
@@ -229,7 +233,7 @@ def render_periodic(entries: Sequence[dict[str, Any]]) -> list[str]:
             e["kind"],
             e["channel"],
             "paused" if e["paused"] else "active",
-            _when(e["last_tick"]),
+            _when(e["last_tick"]) if e["last_tick"] else NEVER,
             _when(e["next_tick"]) if e["next_tick"] else "-",
             f"{e['last_job_id']} ({e['last_outcome'] or '?'})" if e["last_job_id"] else "-",
         ]

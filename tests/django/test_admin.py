@@ -691,7 +691,11 @@ def test_every_page_works_without_time_zone_support(
         "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'Europe/Paris', 'reports.nightly', 'reports', "
         "'{}'::jsonb, 'skip')"
     )
-    dj.execute("UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '1 hour'")
+    # a tick that fired an hour ago (until a tick fires a job, last_tick is the registration time, no tick)
+    dj.execute(
+        "UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '1 hour', last_job_id = %s",
+        (queue.ready,),
+    )
     client = login("root", superuser=True)
     with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
         for page in [*_pages(queue, dj), f"{ADMIN}/periodicschedule/", f"{ADMIN}/periodicschedule/nightly/change/"]:
@@ -953,6 +957,35 @@ def test_the_schedules_page_shows_them_and_pauses_with_permission(
     admin_client.post("/admin/fairqueue/periodicschedule/", forged)
     assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
     assert "paused" in admin_client.get("/admin/fairqueue/periodicschedule/").content.decode()
+
+
+def test_a_schedule_that_never_fired_shows_never_as_its_last_tick(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    """register_periodic sets last_tick to the registration time; it is no tick until one fires a job."""
+    from fairqueue_django.admin.base import local_time
+
+    for name in ("fired", "new"):
+        dj.execute(
+            "SELECT fairqueue.register_periodic(%s, '*/10 * * * *', 'UTC', 'reports.nightly', 'reports', "
+            "'{}'::jsonb, 'skip')",
+            (name,),
+        )
+    [(registered, tick)] = dj.execute(
+        "SELECT last_tick, date_trunc('hour', last_tick) + interval '1 hour' FROM fairqueue.periodic_schedule "
+        "WHERE name = 'new'"
+    ).fetchall()
+    assert dj.execute("SELECT fairqueue.fire_periodic('fired', %s, true, 3)", (tick,)).fetchone() != (None,)
+    client = login("root", superuser=True)
+    page = _text(client.get(f"{ADMIN}/periodicschedule/"))
+    row = r'<th class="field-name"><a [^>]*>([^<]*)</a></th>.*?<td class="field-last_run">([^<]*)</td>'
+    assert dict(re.findall(row, page, re.S)) == {"fired": local_time(tick), "new": "never"}
+    assert local_time(registered) not in page
+    detail = _text(client.get(f"{ADMIN}/periodicschedule/new/change/"))
+    assert re.search(r"Last tick:</label>\s*<div class=\"readonly\">never</div>", detail), detail
+    # the queue overview's list of schedules (collect_status) says the same
+    overview = client.get(f"{ADMIN}/queueoverview/").context["status"]["periodic"]
+    assert {e["name"]: e["last_tick"] is None for e in overview} == {"fired": False, "new": True}
 
 
 def test_the_schedules_page_reads_each_last_job_in_its_one_query(

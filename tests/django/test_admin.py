@@ -265,6 +265,40 @@ def test_the_history_lists_attempts_and_shows_one_in_full(
     assert any("doesn\u2019t exist" in m for m in _messages(response))
 
 
+def test_the_history_says_final_in_words_not_with_a_green_tick(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    """Django shows a true boolean as a green tick, which every admin user reads as success: a final
+    failed attempt must not get one. Finality is said in words, next to the outcome."""
+    succeeded = fairqueue_django.enqueue("emails.send", {"to": "cy"}, channel="tenant-e")
+    for busy in ("tenant-a", "tenant-d"):  # the queue's ready jobs stay where they are
+        fairqueue.update_channel(dj, busy, paused=True)
+    [claimed] = fairqueue.claim_batch(dj, queue.worker, 1)
+    assert claimed.id == succeeded and fairqueue.complete(dj, queue.worker, succeeded, None)
+    client = login("root", superuser=True)
+    page = _text(client.get(f"{ADMIN}/completedjob/"))
+    start = page.index('<table id="result_list">')
+    table = page[start : page.index("</table>", start)]
+    assert "icon-yes" not in table and "icon-no" not in table and "<img" not in table
+    row = r'<a href="[^"]*\?q=(\d+)"[^>]*>\d+</a>.*?<td class="field-outcome_and_finality">([^<]*)</td>'
+    assert dict(re.findall(row, table, re.S)) == {
+        str(queue.failed): "failed (final)",
+        str(queue.retrying): "failed (retried)",
+        str(succeeded): "succeeded (final)",
+    }
+    # each attempt's page says it in words too
+    for job_id, final in (
+        (queue.failed, "yes: this attempt ended the job"),
+        (queue.retrying, "no: the job was retried"),
+    ):
+        detail = _text(client.get(f"{ADMIN}/completedjob/{quote_key(dj, job_id)}/change/"))
+        assert re.search(rf'Final:</label>\s*<div class="readonly">{final}</div>', detail), detail
+        assert "icon-yes" not in detail and "icon-no" not in detail
+    # sorting by the column sorts by outcome
+    rows = _rows(client.get(f"{ADMIN}/completedjob/?o=4"))
+    assert [r.outcome for r in rows] == sorted(r.outcome for r in rows)
+
+
 def quote_key(dj: psycopg.Connection[Any], job_id: int) -> str:
     from django.contrib.admin.utils import quote
 

@@ -31,7 +31,7 @@ def run_worker(
     """Runs a worker with the options of :func:`add_worker_options` (``fairqueue worker`` and Django's
     ``runworker``); ``around_job`` wraps each sync job in its slot thread, ``job_transaction`` is
     what a handler's ``ctx.atomic()`` opens."""
-    from fairqueue.logs import configure_logging
+    from fairqueue.logs import configure_logging, log_the_application
     from fairqueue.metrics import Metrics, MetricsServer
     from fairqueue.worker import Worker, WorkerConfig, import_task_modules
 
@@ -50,6 +50,8 @@ def run_worker(
     )
     config.check()
     import_task_modules(args.imports)
+    # after the imports: a task module that sets up logging itself (basicConfig) keeps its setup
+    log_the_application(args.log_format, args.log_level)
     metrics = Metrics()
     server = MetricsServer(metrics, args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
     try:

@@ -18,7 +18,7 @@ from fairqueue.producer import configure_channel
 from fairqueue.sql import Q
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 
-__all__ = ["UNCHANGED", "ChannelSettings", "update_channel"]
+__all__ = ["UNCHANGED", "ChannelSettings", "burst_number", "update_channel"]
 
 
 class _Unchanged(enum.Enum):
@@ -34,6 +34,13 @@ UNCHANGED: Final = _Unchanged.UNCHANGED
 Unchanged = Literal[_Unchanged.UNCHANGED]
 
 
+def burst_number(value: float) -> int | float:
+    """A burst as it was given: the column is a double precision, so a burst set as 5 reads back as
+    5.0; a whole number is shown as an int (5), any other as the float it is (2.5)."""
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelSettings:
     """A channel's settings, as :func:`update_channel` left them."""
@@ -41,13 +48,13 @@ class ChannelSettings:
     name: str
     max_concurrency: int | None  # None: no cap
     rate_limit: str | None  # normalised, e.g. "10/s"; None: no rate limit
-    burst: float  # 1 without a rate limit
+    burst: int | float  # 1 without a rate limit; a whole number as an int (see burst_number)
     weight: int
     paused: bool
 
 
 #: A channel nobody configured: no row yet, these settings.
-_DEFAULTS = (None, None, 1.0, 1, False)
+_DEFAULTS = (None, None, 1, 1, False)
 
 
 def update_channel(
@@ -95,8 +102,8 @@ def update_channel(
 
     ex = executor_for(db)
     if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst, weight, paused)):
-        [current] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
-        return ChannelSettings(channel, *current)
+        [(cap, rate, rate_burst, weight_now, paused_now)] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
+        return ChannelSettings(channel, cap, rate, burst_number(rate_burst), weight_now, paused_now)
     ex.rows(Q.channel_edit_lock, (channel,))
     [current] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
     cap, rate, rate_burst, weight_now, paused_now = current
@@ -107,14 +114,14 @@ def update_channel(
     if burst is not UNCHANGED:
         rate_burst = burst
     elif rate is None:
-        rate_burst = 1.0  # the rate limit is gone (or never was): so is its burst
+        rate_burst = 1  # the rate limit is gone (or never was): so is its burst
     if rate is None and rate_burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
     settings = ChannelSettings(
         name=channel,
         max_concurrency=cap,
         rate_limit=rate,
-        burst=float(rate_burst),
+        burst=burst_number(rate_burst),
         weight=weight_now if weight is UNCHANGED else weight,
         paused=paused_now if paused is UNCHANGED else paused,
     )

@@ -24,18 +24,23 @@ from fairqueue import migrations
 from fairqueue.demo_tasks import resize_image, send_invoice
 from fairqueue.errors import ConfigurationError
 from fairqueue.sql import Q
-from fairqueue.urls import redact, resolve
+from fairqueue.urls import ENV_VAR, redact, resolve
 
 BOB, ALICE = "bob", "alice"
 
 
 @contextlib.contextmanager
 def _database(database_url: str | None) -> Iterator[str]:
+    """The demo's database: the one given, else an embedded server. Never $FAIRQUEUE_DATABASE_URL:
+    that is the database a user's shell points at for real work, where the demo's 10,000 jobs do not
+    belong (and `make demo` promises an embedded server when no URL is given)."""
     if database_url:
         yield resolve(database_url)
         return
     from fairqueue.embedded import DURABLE_SETTINGS, LocalPostgres
 
+    if os.environ.get(ENV_VAR):
+        print(f"(${ENV_VAR} is set; the demo does not use it: give --database-url to run it there)", flush=True)
     print("Starting an embedded PostgreSQL (no --database-url given) ...", flush=True)
     with LocalPostgres(settings=DURABLE_SETTINGS) as server:
         with psycopg.connect(server.url) as c:

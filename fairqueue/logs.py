@@ -3,6 +3,10 @@
 Fields passed with ``extra=`` (``log.info("job failed", extra={"job_id": 5})``) become ``key=value`` pairs in
 text output and top-level keys in JSON output. :func:`configure_logging` touches only the "fairqueue" logger,
 never the root logger, so an application embedding fairqueue keeps its own logging setup.
+
+The worker commands (``fairqueue worker``, ``manage.py runworker``) also call :func:`log_the_application`:
+when nothing has configured the root logger, the records of the application's own loggers (a task
+module's ``logging.getLogger(__name__)``) go to the worker's output too, in its format and from its level.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import IO, Any, Final
 
 from fairqueue.errors import ConfigurationError
 
-__all__ = ["FORMATS", "JsonFormatter", "TextFormatter", "configure_logging"]
+__all__ = ["FORMATS", "JsonFormatter", "TextFormatter", "configure_logging", "log_the_application"]
 
 FORMATS: Final = ("text", "json")
 LOGGER_NAME: Final = "fairqueue"
@@ -97,6 +101,10 @@ class _FairqueueHandler(logging.StreamHandler[IO[str]]):
     """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
 
 
+class _ApplicationHandler(_FairqueueHandler):
+    """Marks the root logger's handler :func:`log_the_application` installed."""
+
+
 def _parse_level(level: str | int) -> int:
     if isinstance(level, bool):
         raise ConfigurationError(f"invalid log level {level!r}")
@@ -114,21 +122,49 @@ def _parse_level(level: str | int) -> int:
     return value
 
 
+def _checked(fmt: str, level: str | int) -> int:
+    if fmt not in FORMATS:
+        raise ConfigurationError(f"invalid log format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return _parse_level(level)
+
+
+def _install(logger: logging.Logger, handler: _FairqueueHandler, fmt: str, level: int) -> None:
+    """``handler`` (formatted as ``fmt``) on ``logger`` at ``level``, in place of the one installed before."""
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    for old in [h for h in logger.handlers if isinstance(h, type(handler))]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
 def configure_logging(fmt: str = "text", level: str | int = "INFO", stream: IO[str] | None = None) -> None:
     """Send "fairqueue" log records to ``stream`` (default stderr) as ``fmt`` ("text" or "json") from ``level`` up.
 
     Calling it again replaces the previous configuration rather than adding a second handler.
     """
-    if fmt not in FORMATS:
-        raise ConfigurationError(f"invalid log format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    numeric_level = _parse_level(level)
-    handler = _FairqueueHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    numeric_level = _checked(fmt, level)
     logger = logging.getLogger(LOGGER_NAME)
-    for old in [h for h in logger.handlers if isinstance(h, _FairqueueHandler)]:
-        logger.removeHandler(old)
-        old.close()
-    logger.addHandler(handler)
-    logger.setLevel(numeric_level)
+    _install(logger, _FairqueueHandler(stream if stream is not None else sys.stderr), fmt, numeric_level)
     # records already written here must not be printed a second time by a root handler
     logger.propagate = False
+
+
+def log_the_application(fmt: str = "text", level: str | int = "INFO", stream: IO[str] | None = None) -> bool:
+    """In a worker process, show the application's own log records (``logging.getLogger(__name__)`` in a
+    task module) like the worker's: to ``stream`` (default stderr), as ``fmt``, from ``level`` up.
+
+    Only if nothing has configured the root logger, that is if it has no handler: a root logger that
+    the application set up (``logging.basicConfig`` or ``dictConfig`` in a module the worker imported,
+    Django's ``LOGGING`` with a ``root`` entry) is left exactly as it is, and its records go where it
+    sends them. Then the root logger gets a handler like the "fairqueue" logger's, and ``level``.
+    fairqueue's own records are not printed twice: the "fairqueue" logger does not propagate (see
+    :func:`configure_logging`). Calling it again replaces the handler it installed. Returns whether
+    the root logger now has that handler.
+    """
+    numeric_level = _checked(fmt, level)
+    root = logging.getLogger()
+    if any(not isinstance(h, _ApplicationHandler) for h in root.handlers):
+        return False  # configured by the application: not ours to change
+    _install(root, _ApplicationHandler(stream if stream is not None else sys.stderr), fmt, numeric_level)
+    return True

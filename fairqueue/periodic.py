@@ -189,6 +189,14 @@ class PeriodicRunner:
         return [(latest, entry.missed == "catch_up")]
 
 
+def has_fired(last_job_id: int | None) -> bool:
+    """Whether a schedule has ever fired, from its row's ``last_job_id``: registering a schedule sets
+    its ``last_tick`` to the registration time (so that earlier ticks are not missed), and
+    ``last_job_id`` stays NULL until a tick enqueues a job (fire_periodic, schema/70_periodic.sql;
+    a skipped tick leaves it as it was). Until then ``last_tick`` is no tick: listings show "never"."""
+    return last_job_id is not None
+
+
 def pause(db: object, name: str, *, paused: bool = True) -> bool:
     """Pauses (or resumes) a schedule without a deploy; False if there is no such schedule."""
     [(found,)] = executor_for(db).rows(Q.pause_periodic, (name, paused))

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fairqueue._db import executor_for
+from fairqueue.channels import burst_number
 from fairqueue.durations import compact
 from fairqueue.sql import Q
 from fairqueue.text import first_line
@@ -21,6 +22,8 @@ from fairqueue.text import first_line
 ERROR_WIDTH = 80
 
 _EMPTY = "-"
+#: The last tick of a periodic schedule that has not fired yet.
+NEVER = "never"
 
 
 def _utc(value: datetime) -> datetime:
@@ -64,7 +67,7 @@ def collect_channels(db: object) -> list[dict[str, Any]]:
                 "running": int(running),
                 "max_concurrency": cap,
                 "rate_limit": rate,
-                "burst": float(burst),
+                "burst": burst_number(burst),
                 "weight": int(weight),
                 "paused": bool(paused),
                 "state": _channel_state(bool(paused), int(ready), int(running)),
@@ -184,9 +187,11 @@ def collect_wait_times(db: object, since_hours: float) -> dict[str, Any]:
 
 
 def collect_periodic(db: object) -> list[dict[str, Any]]:
-    """The periodic schedules, with their next tick (by the schedule's own clock rule)."""
+    """The periodic schedules, with their last tick (None while a schedule has never fired, see
+    :func:`fairqueue.periodic.has_fired`) and their next tick (by the schedule's own clock rule)."""
     from fairqueue.cron import CronSchedule
     from fairqueue.errors import ConfigurationError
+    from fairqueue.periodic import has_fired
 
     out = []
     now = datetime.now(UTC)
@@ -207,7 +212,7 @@ def collect_periodic(db: object) -> list[dict[str, Any]]:
                 "channel": channel,
                 "missed": missed,
                 "paused": paused,
-                "last_tick": _iso(last_tick),
+                "last_tick": _iso(last_tick) if has_fired(last_job) else None,
                 "next_tick": _iso(upcoming),
                 "last_job_id": last_job,
                 "last_outcome": "running or queued" if live else outcome,
@@ -228,7 +233,7 @@ def render_periodic(entries: Sequence[dict[str, Any]]) -> list[str]:
             e["kind"],
             e["channel"],
             "paused" if e["paused"] else "active",
-            _when(e["last_tick"]),
+            _when(e["last_tick"]) if e["last_tick"] else NEVER,
             _when(e["next_tick"]) if e["next_tick"] else "-",
             f"{e['last_job_id']} ({e['last_outcome'] or '?'})" if e["last_job_id"] else "-",
         ]
@@ -278,7 +283,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Seque
 def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] | None = None) -> list[str]:
     if not channels:
         return ["(no channels)"]
-    headers = ["CHANNEL", "READY", "SCHEDULED", "RUNNING", "CAP", "RATE", "WEIGHT", "STATE", "OLDEST READY"]
+    # BURST only means something with a rate limit: "-" without one
+    headers = ["CHANNEL", "READY", "SCHEDULED", "RUNNING", "CAP", "RATE", "WEIGHT", "BURST", "STATE", "OLDEST READY"]
     rows = [
         [
             c["name"],
@@ -288,6 +294,7 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
             _cell(c["max_concurrency"]),
             _cell(c["rate_limit"]),
             str(c["weight"]),
+            str(burst_number(c["burst"])) if c["rate_limit"] else _EMPTY,
             c["state"],
             duration(c["oldest_ready_seconds"]),
         ]
@@ -295,9 +302,9 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
     ]
     totals = totals or channel_totals(channels)
     rows.append(
-        [f"TOTAL ({len(channels)})", str(totals["ready"]), str(totals["scheduled"]), str(totals["running"])] + [""] * 5
+        [f"TOTAL ({len(channels)})", str(totals["ready"]), str(totals["scheduled"]), str(totals["running"])] + [""] * 6
     )
-    lines = table(headers, rows, right=(1, 2, 3, 4, 6))
+    lines = table(headers, rows, right=(1, 2, 3, 4, 6, 7))
     # a rule above the totals line
     lines.insert(len(lines) - 1, "-" * max(len(line) for line in lines))
     return lines

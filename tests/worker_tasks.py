@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -25,6 +26,16 @@ CALLS: defaultdict[str, list[Any]] = defaultdict(list)
 @fairqueue.task(name="t.add")
 def add(a: int, b: int = 0) -> int:
     return a + b
+
+
+log = logging.getLogger(__name__)
+
+
+@fairqueue.task(name="t.build_report", pass_context=True)
+def build_report(ctx: fairqueue.JobContext, report_id: int) -> None:
+    """docs/tasks.md's example: a task logging on its module's own logger."""
+    log.debug("report %s: details only at DEBUG", report_id)
+    log.info("building %s, attempt %s of %s", report_id, ctx.attempt, ctx.max_attempts, extra={"report": report_id})
 
 
 @fairqueue.task(name="t.async_add")

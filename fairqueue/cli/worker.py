@@ -12,6 +12,7 @@ from typing import Any
 from fairqueue._db import psycopg_error
 from fairqueue.cli.args import EXIT_FAILURE, database_url_option, port_number, seconds
 from fairqueue.errors import ConfigurationError, FairqueueError
+from fairqueue.urls import ENV_VAR
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -30,7 +31,7 @@ def run_worker(
     """Runs a worker with the options of :func:`add_worker_options` (``fairqueue worker`` and Django's
     ``runworker``); ``around_job`` wraps each sync job in its slot thread, ``job_transaction`` is
     what a handler's ``ctx.atomic()`` opens."""
-    from fairqueue.logs import configure_logging
+    from fairqueue.logs import configure_logging, log_the_application
     from fairqueue.metrics import Metrics, MetricsServer
     from fairqueue.worker import Worker, WorkerConfig, import_task_modules
 
@@ -49,6 +50,8 @@ def run_worker(
     )
     config.check()
     import_task_modules(args.imports)
+    # after the imports: a task module that sets up logging itself (basicConfig) keeps its setup
+    log_the_application(args.log_format, args.log_level)
     metrics = Metrics()
     server = MetricsServer(metrics, args.metrics_port, args.metrics_host) if args.metrics_port is not None else None
     try:
@@ -149,12 +152,21 @@ def add_worker_commands(commands: Any) -> None:
         help="show fair queueing: Bob's 10,000 jobs, then Alice's one",
         description=(
             "Enqueues Bob's backlog, then one job for Alice, lets workers drain the queue and shows where "
-            "Alice's job ran. Without a database URL it runs on an embedded PostgreSQL it starts and removes. "
+            "Alice's job ran. Without --database-url it runs on an embedded PostgreSQL it starts and removes "
+            f"(${ENV_VAR} is not read: the demo never writes to the database your shell points at). "
             "With one, the database's queue must be unused (no jobs, history or workers): the demo deletes nothing. "
             "Ctrl-C, SIGTERM or SIGHUP stop it cleanly: its workers stop and an embedded server is removed."
         ),
     )
-    database_url_option(demo, required_hint="; without one an embedded server is used")
+    # not database_url_option: the demo does not default to $FAIRQUEUE_DATABASE_URL (see fairqueue.demo)
+    demo.add_argument(
+        "--database-url",
+        metavar="URL",
+        help=(
+            "an empty PostgreSQL database to run the demo in, e.g. postgresql://user:password@host:5432/dbname "
+            f"(default: an embedded PostgreSQL; ${ENV_VAR} is not used)"
+        ),
+    )
     demo.add_argument("--bob-jobs", type=int, default=10_000, help="size of Bob's backlog (default 10000)")
     demo.add_argument("--workers", type=int, default=2, help="worker processes draining the queue (default 2)")
     demo.add_argument("--concurrency", type=int, default=10, help="jobs each worker runs at once (default 10)")

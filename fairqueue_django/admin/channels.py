@@ -17,6 +17,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 import fairqueue
+from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 from fairqueue_django import conf
@@ -88,6 +89,13 @@ def unconfigured_channel(name: str) -> Channel | None:
     return channel
 
 
+class BurstField(forms.FloatField):
+    """The burst as it was set: 5, not the 5.0 the float column reads back (2.5 stays 2.5)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return burst_number(value) if isinstance(value, float) else value
+
+
 class ChannelLimitsForm(forms.ModelForm):
     """The settings configure_channel takes. Each field carries the value it had when the page was
     drawn (show_hidden_initial), so saving writes only what the user changed: a pause from another
@@ -103,7 +111,7 @@ class ChannelLimitsForm(forms.ModelForm):
         show_hidden_initial=True,
         help_text="Jobs started per period across all workers, e.g. 10/s, 600/m, 5/h or 3/10s. Empty: no limit.",
     )
-    rate_burst = forms.FloatField(
+    rate_burst = BurstField(
         label="Burst",
         show_hidden_initial=True,
         help_text="How many may start back to back after a quiet spell (with a rate limit; 1 spaces them evenly).",
@@ -161,7 +169,7 @@ class ChannelAdmin(QueueAdmin):
         "running_now",
         "max_concurrency",
         "rate_limit",
-        "rate_burst",
+        "burst",
         "weight",
         "paused",
         "active",
@@ -239,6 +247,10 @@ class ChannelAdmin(QueueAdmin):
         return format_html(
             '<a href="{}?{}">{}</a>', reverse("admin:fairqueue_job_changelist"), query, getattr(obj, "backlog", 0)
         )
+
+    @admin.display(description="burst", ordering="rate_burst")
+    def burst(self, obj: Channel) -> int | float:
+        return burst_number(obj.rate_burst)
 
     @admin.display(description="running", ordering="running_jobs")
     def running_now(self, obj: Channel) -> Any:

@@ -145,19 +145,9 @@ RETRY_TEXTS = {
 
 @admin.register(CompletedJob)
 class CompletedJobAdmin(QueueAdmin):
-    list_display = (
-        "finished",
-        "job",
-        "attempt",
-        "outcome",
-        "final",
-        "kind",
-        "channel",
-        "error_line",
-        "wait",
-        "run_time",
-        "worker_id",
-    )
+    # what fits beside the navigation and the filters in a 1400 px window: whether an attempt was
+    # final is said with its outcome, and its wait, run time and worker are on the attempt's page
+    list_display = ("finished", "job", "attempt", "outcome_and_finality", "kind", "channel", "error_line")
     list_display_links = None
     list_filter = (FinishedFilter, "outcome", "final", ChannelFilter, KindFilter)
     search_fields = ("job_id",)
@@ -167,10 +157,10 @@ class CompletedJobAdmin(QueueAdmin):
     # the whole window (fine for a narrow one).
     ordering = ("-job_id", "-attempt")
     paginator = CappedPaginator
-    sortable_by = ("finished", "job", "attempt", "outcome", "kind", "channel")
+    sortable_by = ("finished", "job", "attempt", "outcome_and_finality", "kind", "channel")
     actions = ("retry_jobs",)
     fieldsets = (
-        (None, {"fields": ("job", "attempt", "outcome", "final", "kind", "channel", "worker_id")}),
+        (None, {"fields": ("job", "attempt", "outcome", "final_attempt", "kind", "channel", "worker_id")}),
         ("Arguments", {"fields": ("pretty_args",)}),
         ("Result", {"fields": ("pretty_result",)}),
         ("Error", {"fields": ("pretty_error",)}),
@@ -230,6 +220,17 @@ class CompletedJobAdmin(QueueAdmin):
             urlencode({SEARCH_VAR: obj.job_id}),
             obj.job_id,
         )
+
+    # Finality in words, never Django's boolean icons: their green tick reads as success, and a final
+    # attempt is as often a failure.
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_and_finality(self, obj: CompletedJob) -> str:
+        """The outcome, then "(final)" if the attempt ended its job, or "(retried)" if the job ran again."""
+        return f"{obj.get_outcome_display()} ({'final' if obj.final else 'retried'})"
+
+    @admin.display(description="final")
+    def final_attempt(self, obj: CompletedJob) -> str:
+        return "yes: this attempt ended the job" if obj.final else "no: the job was retried"
 
     @admin.display(description="waited")
     def wait(self, obj: CompletedJob) -> str:

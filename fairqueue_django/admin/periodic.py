@@ -11,6 +11,8 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from fairqueue.periodic import has_fired
+from fairqueue.status import NEVER
 from fairqueue_django import conf
 from fairqueue_django.admin.base import QueueAdmin, aware, local_time
 from fairqueue_django.models import PeriodicSchedule
@@ -44,7 +46,8 @@ class PeriodicScheduleAdmin(QueueAdmin):
 
     @admin.display(description="last tick", ordering="last_tick")
     def last_run(self, obj: PeriodicSchedule) -> str:
-        return local_time(obj.last_tick)
+        # until its first job, last_tick is the time the schedule was registered, not a tick
+        return local_time(obj.last_tick) if has_fired(obj.last_job_id) else NEVER
 
     @admin.display(description="next tick")
     def next_run(self, obj: PeriodicSchedule) -> str:

@@ -394,6 +394,29 @@ def test_channels_list(cli: Run, conn: psycopg.Connection[Any]) -> None:
     assert [c["name"] for c in json.loads(cli("channels", "list", "--json")[1])] == ["busy", "quiet"]
 
 
+def test_a_burst_is_shown_as_it_was_given(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    """burst is a double precision column; a burst set as 5 shows as 5, not 5.0, in every output."""
+    assert cli("channels", "set", "whole", "--rate-limit", "10/s", "--burst", "5")[0] == 0
+    assert cli("channels", "set", "half", "--rate-limit", "10/s", "--burst", "2.5")[0] == 0
+    fairqueue.configure_channel(conn, "plain", max_concurrency=2)  # no rate limit: burst 1
+
+    listing = json.loads(cli("channels", "list", "--json")[1])
+    status = json.loads(cli("status", "--json")[1])["channels"]
+    for channels in (listing, status):
+        burst = {c["name"]: c["burst"] for c in channels}
+        assert burst == {"whole": 5, "half": 2.5, "plain": 1}
+        assert (type(burst["whole"]), type(burst["half"]), type(burst["plain"])) == (int, float, int)
+        assert '"burst": 5,' in json.dumps(channels) and '"burst": 1,' in json.dumps(channels)
+
+    for out in (cli("channels", "list")[1], cli("status")[1]):
+        lines = out.splitlines()
+        header = next(line.split() for line in lines if line.startswith("CHANNEL "))
+        column = header.index("BURST")
+        rows = [line.split() for line in lines if line.split()[:1] in (["whole"], ["half"], ["plain"])]
+        shown = {row[0]: row[column] for row in rows}
+        assert shown == {"whole": "5", "half": "2.5", "plain": "-"}, out  # "-": no rate limit, no burst
+
+
 # -- retry -----------------------------------------------------------------------------------------
 
 

@@ -157,6 +157,48 @@ def test_the_demo_refuses_a_database_where_other_workers_run(
     assert count(conn, "job") == 0 and count(conn, "completed_job") == 0
 
 
+def test_the_demos_help_does_not_promise_the_environment_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo never reads $FAIRQUEUE_DATABASE_URL (see the test below); its help must not say it defaults to it."""
+    from fairqueue.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "(default: $FAIRQUEUE_DATABASE_URL)" not in text
+    option = text[text.index("--database-url URL ") :]
+    assert option.startswith("--database-url URL an empty PostgreSQL database to run the demo in"), text
+    assert "(default: an embedded PostgreSQL; $FAIRQUEUE_DATABASE_URL is not used)" in option
+    assert "$FAIRQUEUE_DATABASE_URL is not read" in text  # the description says it too
+
+
+@pytest.mark.slow
+def test_the_demo_runs_on_an_embedded_server_even_with_the_environment_variable_set(
+    db_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A user's shell may point $FAIRQUEUE_DATABASE_URL at a real database: `fairqueue demo` (`make demo`)
+    without --database-url leaves it alone and starts its own server."""
+    job_id = fairqueue.enqueue(conn, "someone.elses", {"n": 1})  # a database in use: the demo would refuse it
+    result = subprocess.run(
+        [sys.executable, "-m", "fairqueue", "demo", "--bob-jobs", "20", "--workers", "1"],
+        cwd=REPO,
+        env=_env() | {"FAIRQUEUE_DATABASE_URL": db_url},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "($FAIRQUEUE_DATABASE_URL is set; the demo does not use it: give --database-url to run it there)"
+    assert lines[1] == "Starting an embedded PostgreSQL (no --database-url given) ..."
+    assert "Alice's job was job #" in result.stdout and "Embedded PostgreSQL stopped and removed." in result.stdout
+    # the database of the variable: untouched
+    assert (count(conn, "job"), count(conn, "completed_job"), count(conn, "worker")) == (1, 0, 0)
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status == "ready"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

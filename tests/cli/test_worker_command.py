@@ -155,12 +155,12 @@ def worker_process(db_url: str, tmp_path: Path) -> Iterator[Callable[..., subpro
     """Starts `fairqueue worker` processes whose output goes to files; kills any still running at teardown."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*extra: str) -> subprocess.Popen[bytes]:
+    def start(*extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         n = len(procs)
         proc = subprocess.Popen(
             [sys.executable, "-m", "fairqueue", "worker", "--database-url", db_url, *extra],
             cwd=REPO,
-            env=_env(),
+            env=_env() | (env or {}),
             stdin=subprocess.DEVNULL,
             stdout=(tmp_path / f"worker-{n}.out").open("wb"),
             stderr=(tmp_path / f"worker-{n}.err").open("wb"),
@@ -248,3 +248,89 @@ def test_a_crash_under_json_logging_is_one_json_record_with_the_traceback(db_url
     [crash] = [r for r in records if r["level"] == "CRITICAL"]
     assert crash["message"] == "the worker crashed"
     assert "RuntimeError: a bug while registering" in crash["exc"] and "Traceback" in crash["exc"]
+
+
+# -- the application's own log records ---------------------------------------------------------------
+
+
+def _run_build_report(
+    conn: psycopg.Connection[Any],
+    start: Callable[..., subprocess.Popen[bytes]],
+    tmp_path: Path,
+    *options: str,
+    **kw: Any,
+) -> tuple[list[str], list[str]]:
+    """Runs docs/tasks.md's build_report (it logs on tests.worker_tasks' logger) in a `fairqueue worker`;
+    returns the worker's stdout and stderr lines."""
+    proc = start("--import", "tests.worker_tasks", "--poll-interval", "0.2", *options, **kw)
+    job_id = t.build_report.enqueue(conn, 7)
+
+    def done() -> fairqueue.JobInfo | None:
+        assert proc.poll() is None, (tmp_path / "worker-0.err").read_text()
+        info = fairqueue.get_job(conn, job_id)
+        return info if info is not None and info.finished else None
+
+    info: fairqueue.JobInfo = wait_for(done, what=f"job {job_id} to finish")
+    assert info.status == "succeeded", info.error
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    out, err = ((tmp_path / f"worker-0.{name}").read_text().splitlines() for name in ("out", "err"))
+    return out, err
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG", "WARNING"])
+def test_a_tasks_own_log_lines_appear_in_the_workers_text_log_at_its_level(
+    conn: psycopg.Connection[Any], worker_process: Callable[..., subprocess.Popen[bytes]], tmp_path: Path, level: str
+) -> None:
+    """``log = logging.getLogger(__name__)`` in a task module: its lines are in the worker's output, in the
+    worker's format, from the worker's --log-level; fairqueue's own lines are there once, not twice."""
+    out, err = _run_build_report(conn, worker_process, tmp_path, "--log-level", level)
+    assert out == []
+    info = [line for line in err if " tests.worker_tasks building 7" in line]
+    debug = [line for line in err if "details only at DEBUG" in line]
+    started = [line for line in err if " fairqueue.worker worker started " in line]
+    if level == "WARNING":
+        assert (info, debug, started) == ([], [], []), err
+        return
+    [line] = info
+    assert re.fullmatch(r"\S+Z INFO tests\.worker_tasks building 7, attempt 1 of 3 report=7", line), err
+    assert len(started) == 1, err  # not a second copy from the root logger
+    if level == "INFO":
+        assert debug == [], err
+    else:
+        [line] = debug
+        assert re.fullmatch(r"\S+Z DEBUG tests\.worker_tasks report 7: details only at DEBUG", line), err
+
+
+def test_a_tasks_own_log_lines_are_json_under_log_format_json(
+    conn: psycopg.Connection[Any], worker_process: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    out, err = _run_build_report(conn, worker_process, tmp_path, "--log-format", "json")
+    assert out == []
+    records = [json.loads(line) for line in err]  # every line is one JSON record
+    [built] = [r for r in records if r["logger"] == "tests.worker_tasks"]
+    assert built == {
+        "ts": built["ts"],
+        "level": "INFO",
+        "logger": "tests.worker_tasks",
+        "message": "building 7, attempt 1 of 3",
+        "report": 7,
+    }
+    assert [r["message"] for r in records].count("worker started") == 1
+
+
+def test_a_root_logger_the_application_configured_is_left_alone(
+    conn: psycopg.Connection[Any], worker_process: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A task module that sets up logging itself (here basicConfig to stdout) keeps its setup: its records
+    go where it says, in its format, and the worker's own lines stay on stderr in the worker's."""
+    (tmp_path / "app_logging.py").write_text(
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.INFO, format='APP %(levelname)s %(name)s: %(message)s')\n"
+    )
+    out, err = _run_build_report(
+        conn, worker_process, tmp_path, "--import", "app_logging", env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert out == ["APP INFO tests.worker_tasks: building 7, attempt 1 of 3"]
+    assert not any("building 7" in line for line in err), err
+    assert len([line for line in err if " fairqueue.worker worker started " in line]) == 1, err

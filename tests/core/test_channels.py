@@ -113,6 +113,22 @@ def test_unchanged_is_the_default_and_nothing_to_change_writes_nothing(caller: C
     )
 
 
+def test_the_burst_comes_back_as_it_was_given(conn: psycopg.Connection[Any]) -> None:
+    """The column is a double precision: a burst set as 5 must not come back as 5.0."""
+    kept = fairqueue.update_channel(conn, "acme", rate_limit="10/s", burst=5)
+    assert kept.burst == 5 and type(kept.burst) is int
+    assert repr(kept).endswith("rate_limit='10/s', burst=5, weight=1, paused=False)")
+    # read back, nothing to change; and after a change of another setting
+    for settings in (fairqueue.update_channel(conn, "acme"), fairqueue.update_channel(conn, "acme", weight=2)):
+        assert settings.burst == 5 and type(settings.burst) is int
+    fractional = fairqueue.update_channel(conn, "acme", burst=2.5)
+    assert fractional.burst == 2.5 and type(fractional.burst) is float
+    assert type(fairqueue.update_channel(conn, "acme", burst=4.0).burst) is int  # integral, however written
+    # the defaults of a channel without settings, and a rate limit removed with its burst
+    assert type(fairqueue.update_channel(conn, "fresh").burst) is int
+    assert type(fairqueue.update_channel(conn, "acme", rate_limit=None).burst) is int
+
+
 def test_a_capped_channel_counts_its_running_jobs(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.enqueue(conn, "k", channel="acme")
     assert len(fairqueue.claim_batch(conn, worker, 10)) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -350,3 +351,51 @@ def test_the_command_line_lists_pauses_and_resumes_schedules(
     assert cli.main(["status", "--database-url", db_url]) == 0
     status = capsys.readouterr().out
     assert "PERIODIC SCHEDULES" in status and "every-minute" in status
+
+
+def test_a_schedule_that_never_fired_lists_no_last_tick(
+    conn: psycopg.Connection[Any], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Registering sets last_tick to the registration time (so that earlier ticks are not missed): the
+    listings must not show it as a tick. last_job_id tells: NULL until a tick fires a job."""
+    import json
+
+    from fairqueue import cli
+
+    def listing(*options: str) -> str:
+        capsys.readouterr()
+        assert cli.main([*options, "--database-url", db_url]) == 0
+        return capsys.readouterr().out
+
+    def shown(value: datetime) -> str:
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+    schedule = entry("*/10 * * * *", name="ten-minutes")
+    run = runner(schedule)
+    now = db_now(conn)
+    assert run.tick(conn, now=now) == {}  # registered, nothing fired
+    [(registered,)] = conn.execute("SELECT last_tick FROM fairqueue.periodic_schedule").fetchall()
+    assert registered is not None
+    [row] = [line for line in listing("periodic", "list").splitlines() if line.startswith("ten-minutes ")]
+    # STATE, LAST TICK, NEXT TICK, LAST JOB
+    assert re.search(r" active +never +\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ +-$", row), row
+    assert shown(registered) not in row, row
+    [listed] = json.loads(listing("periodic", "list", "--json"))
+    assert (listed["last_tick"], listed["last_job_id"]) == (None, None)
+    assert listed["next_tick"] is not None
+    [in_status] = json.loads(listing("status", "--json"))["periodic"]
+    assert in_status["last_tick"] is None
+    assert "never" in next(line for line in listing("status").splitlines() if line.startswith("ten-minutes "))
+
+    # a tick fires: it is the last tick
+    tick = schedule.schedule.next_after(now)
+    first_job = run.tick(conn, now=tick + timedelta(seconds=1))["ten-minutes"]
+    [listed] = json.loads(listing("periodic", "list", "--json"))
+    assert (listed["last_tick"], listed["last_job_id"]) == (tick.isoformat(), first_job)
+    [row] = [line for line in listing("periodic", "list").splitlines() if line.startswith("ten-minutes ")]
+    assert shown(tick) in row and "never" not in row
+    # a later tick skipped (missed): it is the last tick handled; the last job stays the first one
+    later = schedule.schedule.next_after(tick + timedelta(minutes=15))
+    assert run.tick(conn, now=later + MISSED_GRACE + timedelta(seconds=1)) == {"ten-minutes": 0}
+    [listed] = json.loads(listing("periodic", "list", "--json"))
+    assert (listed["last_tick"], listed["last_job_id"]) == (later.isoformat(), first_job)

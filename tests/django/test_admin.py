@@ -265,6 +265,40 @@ def test_the_history_lists_attempts_and_shows_one_in_full(
     assert any("doesn\u2019t exist" in m for m in _messages(response))
 
 
+def test_the_history_says_final_in_words_not_with_a_green_tick(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    """Django shows a true boolean as a green tick, which every admin user reads as success: a final
+    failed attempt must not get one. Finality is said in words, next to the outcome."""
+    succeeded = fairqueue_django.enqueue("emails.send", {"to": "cy"}, channel="tenant-e")
+    for busy in ("tenant-a", "tenant-d"):  # the queue's ready jobs stay where they are
+        fairqueue.update_channel(dj, busy, paused=True)
+    [claimed] = fairqueue.claim_batch(dj, queue.worker, 1)
+    assert claimed.id == succeeded and fairqueue.complete(dj, queue.worker, succeeded, None)
+    client = login("root", superuser=True)
+    page = _text(client.get(f"{ADMIN}/completedjob/"))
+    start = page.index('<table id="result_list">')
+    table = page[start : page.index("</table>", start)]
+    assert "icon-yes" not in table and "icon-no" not in table and "<img" not in table
+    row = r'<a href="[^"]*\?q=(\d+)"[^>]*>\d+</a>.*?<td class="field-outcome_and_finality">([^<]*)</td>'
+    assert dict(re.findall(row, table, re.S)) == {
+        str(queue.failed): "failed (final)",
+        str(queue.retrying): "failed (retried)",
+        str(succeeded): "succeeded (final)",
+    }
+    # each attempt's page says it in words too
+    for job_id, final in (
+        (queue.failed, "yes: this attempt ended the job"),
+        (queue.retrying, "no: the job was retried"),
+    ):
+        detail = _text(client.get(f"{ADMIN}/completedjob/{quote_key(dj, job_id)}/change/"))
+        assert re.search(rf'Final:</label>\s*<div class="readonly">{final}</div>', detail), detail
+        assert "icon-yes" not in detail and "icon-no" not in detail
+    # sorting by the column sorts by outcome
+    rows = _rows(client.get(f"{ADMIN}/completedjob/?o=4"))
+    assert [r.outcome for r in rows] == sorted(r.outcome for r in rows)
+
+
 def quote_key(dj: psycopg.Connection[Any], job_id: int) -> str:
     from django.contrib.admin.utils import quote
 
@@ -467,6 +501,25 @@ def test_pause_and_resume_keep_the_other_settings(login: MakeClient, queue: Queu
     # a paused channel's jobs are not claimed
     client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"))
     assert {j.channel for j in fairqueue.claim_batch(dj, queue.worker, 10)} <= {"tenant-d"}
+
+
+def test_a_burst_is_shown_as_it_was_given(login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]) -> None:
+    """tenant-a's burst was set as 3: the list and the form show 3, not the 3.0 the float column holds."""
+    fairqueue.configure_channel(dj, "tenant-half", rate_limit="1/s", burst=2.5)
+    client = login("root", superuser=True)
+    listing = _text(client.get(f"{ADMIN}/channel/"))
+    row = r'<th class="field-name"><a [^>]*>([^<]*)</a></th>.*?<td class="field-(?:rate_)?burst">([^<]*)</td>'
+    cells = dict(re.findall(row, listing, re.S))
+    assert cells["tenant-a"] == "3" and cells["tenant-half"] == "2.5", cells
+    page = _text(client.get(f"{ADMIN}/channel/tenant-a/change/"))
+    assert 'name="rate_burst" value="3"' in page and 'name="initial-rate_burst" value="3"' in page
+    assert 'name="rate_burst" value="2.5"' in _text(client.get(f"{ADMIN}/channel/tenant-half/change/"))
+    # saving the page as drawn changes nothing (the initial 3 is the stored 3.0)
+    form = client.get(f"{ADMIN}/channel/tenant-a/change/").context["adminform"].form
+    assert form.fields["rate_burst"].prepare_value(form.initial["rate_burst"]) == 3
+    before = _channel(dj, "tenant-a")
+    client.post(f"{ADMIN}/channel/tenant-a/change/", _form_data(form))
+    assert _channel(dj, "tenant-a") == before
 
 
 LIMITS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
@@ -672,7 +725,11 @@ def test_every_page_works_without_time_zone_support(
         "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'Europe/Paris', 'reports.nightly', 'reports', "
         "'{}'::jsonb, 'skip')"
     )
-    dj.execute("UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '1 hour'")
+    # a tick that fired an hour ago (until a tick fires a job, last_tick is the registration time, no tick)
+    dj.execute(
+        "UPDATE fairqueue.periodic_schedule SET last_tick = now() - interval '1 hour', last_job_id = %s",
+        (queue.ready,),
+    )
     client = login("root", superuser=True)
     with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
         for page in [*_pages(queue, dj), f"{ADMIN}/periodicschedule/", f"{ADMIN}/periodicschedule/nightly/change/"]:
@@ -934,6 +991,35 @@ def test_the_schedules_page_shows_them_and_pauses_with_permission(
     admin_client.post("/admin/fairqueue/periodicschedule/", forged)
     assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
     assert "paused" in admin_client.get("/admin/fairqueue/periodicschedule/").content.decode()
+
+
+def test_a_schedule_that_never_fired_shows_never_as_its_last_tick(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    """register_periodic sets last_tick to the registration time; it is no tick until one fires a job."""
+    from fairqueue_django.admin.base import local_time
+
+    for name in ("fired", "new"):
+        dj.execute(
+            "SELECT fairqueue.register_periodic(%s, '*/10 * * * *', 'UTC', 'reports.nightly', 'reports', "
+            "'{}'::jsonb, 'skip')",
+            (name,),
+        )
+    [(registered, tick)] = dj.execute(
+        "SELECT last_tick, date_trunc('hour', last_tick) + interval '1 hour' FROM fairqueue.periodic_schedule "
+        "WHERE name = 'new'"
+    ).fetchall()
+    assert dj.execute("SELECT fairqueue.fire_periodic('fired', %s, true, 3)", (tick,)).fetchone() != (None,)
+    client = login("root", superuser=True)
+    page = _text(client.get(f"{ADMIN}/periodicschedule/"))
+    row = r'<th class="field-name"><a [^>]*>([^<]*)</a></th>.*?<td class="field-last_run">([^<]*)</td>'
+    assert dict(re.findall(row, page, re.S)) == {"fired": local_time(tick), "new": "never"}
+    assert local_time(registered) not in page
+    detail = _text(client.get(f"{ADMIN}/periodicschedule/new/change/"))
+    assert re.search(r"Last tick:</label>\s*<div class=\"readonly\">never</div>", detail), detail
+    # the queue overview's list of schedules (collect_status) says the same
+    overview = client.get(f"{ADMIN}/queueoverview/").context["status"]["periodic"]
+    assert {e["name"]: e["last_tick"] is None for e in overview} == {"fired": False, "new": True}
 
 
 def test_the_schedules_page_reads_each_last_job_in_its_one_query(

@@ -1,7 +1,9 @@
-"""The Django admin in a real browser: headless Chromium logs in, opens the job list and a job.
+"""The Django admin in a real browser: headless Chromium logs in, opens the job list and a job; the
+channel list and the history fit a 1400 px window.
 
-Runs the example project (examples/django_shop) under `manage.py runserver`; screenshots go to
-test-artifacts/ at the repository's root. `make test` installs Chromium and its driver with apt.
+Runs the example project (examples/django_shop) under `manage.py runserver`; the first test's
+screenshots go to test-artifacts/ at the repository's root, the width test's to its tmp path.
+`make test` installs Chromium and its driver with apt.
 """
 
 from __future__ import annotations
@@ -141,3 +143,73 @@ def test_an_admin_logs_in_and_inspects_a_job_in_chromium(site: tuple[str, dict[s
     assert "orders.confirm" in page and "acme" in page
     browser.save_screenshot(str(ARTIFACTS / "admin-job.png"))
     assert (ARTIFACTS / "admin-job.png").stat().st_size > 10_000
+
+
+def _log_in(browser: Any, base: str) -> None:
+    browser.get(f"{base}/admin/login/?next=/admin/")
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 30).until(expected_conditions.url_to_be(f"{base}/admin/"))
+
+
+#: Where a change list's table ends, against the window and the box it scrolls in (Django's
+#: ``#changelist-form .results``, whose scroll bar sits below the list's last row, out of sight).
+TABLE_GEOMETRY = """
+const table = document.getElementById("result_list");
+const box = table.closest(".results");
+return {
+    window: document.documentElement.clientWidth,
+    page: document.documentElement.scrollWidth,
+    table_right: table.getBoundingClientRect().right,
+    box_right: box.getBoundingClientRect().right,
+    box_content: box.scrollWidth,
+    box_width: box.clientWidth,
+};
+"""
+
+
+def test_the_channel_and_history_lists_fit_a_1400_pixel_window(
+    site: tuple[str, dict[str, Any]], browser: Any, empty_database_url: str, tmp_path: Path
+) -> None:
+    """In a 1400 px window, beside Django's navigation and the filters, the channel list and the history
+    show every column: nothing is cut off on the right, or hidden in a box to scroll sideways."""
+    import fairqueue
+
+    base, _ = site
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        tenants = [f"tenant-{i:02d}-of-a-large-customer" for i in range(12)]
+        for i, tenant in enumerate(tenants):
+            fairqueue.update_channel(conn, tenant, max_concurrency=i + 1, rate_limit="600/m", burst=5)
+        worker = fairqueue.register_worker(conn, "web-7f9c2d-worker-3:41877", lease_seconds=300)
+        for i, tenant in enumerate(tenants):
+            kind = "orders.confirm_and_notify_the_customer"
+            fairqueue.enqueue(conn, kind, {"order_id": i}, channel=tenant, max_attempts=2)
+        error = "Traceback (most recent call last):\n  ...\nConnectionError: " + "the mail server refused us. " * 7
+        for job in fairqueue.claim_batch(conn, worker, 100):
+            if job.id % 3 == 0:
+                fairqueue.complete(conn, worker, job.id, {"ok": True})
+            else:  # final failures, and failures retried later
+                fairqueue.fail(conn, worker, job.id, error, retry_in=3600 if job.id % 3 == 1 else None)
+
+    browser.set_window_size(1400, 1000)
+    _log_in(browser, base)
+    for page in ("channel", "completedjob"):
+        browser.get(f"{base}/admin/fairqueue/{page}/")
+        # get() can return before a busy machine has laid the page out: wait for the rows, and for the
+        # filters (beside the list, they are part of what must fit)
+        WebDriverWait(browser, 30).until(
+            lambda b: (
+                len(b.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")) >= 12
+                and b.find_elements(By.ID, "changelist-filter")
+            )
+        )
+        browser.save_screenshot(str(tmp_path / f"admin-{page}-list-1400px.png"))
+        at = browser.execute_script(TABLE_GEOMETRY)
+        assert at["window"] >= 1360, at  # the window is 1400 px wide (less a scroll bar)
+        assert at["page"] <= at["window"], f"{page}: the page scrolls sideways: {at}"
+        assert at["box_content"] <= at["box_width"], f"{page}: columns hidden to the right of the list: {at}"
+        assert at["table_right"] <= min(at["box_right"], at["window"]) + 0.5, f"{page}: the table is cut off: {at}"
+    assert (tmp_path / "admin-completedjob-list-1400px.png").stat().st_size > 10_000
+    outcomes = {cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "td.field-outcome_and_finality")}
+    assert outcomes == {"succeeded (final)", "failed (final)", "failed (retried)"}

@@ -279,6 +279,65 @@ def test_runworker_runs_orm_handlers_with_fresh_connections(dj: psycopg.Connecti
         assert proc.wait(30) == 0, (tmp_path / "runworker.log").read_text()
 
 
+def _runworker_logs_of_build_report(
+    dj: psycopg.Connection[Any], tmp_path: Any, settings: str, *options: str
+) -> tuple[list[str], list[str]]:
+    """Runs docs/tasks.md's build_report (it logs on tests.worker_tasks' logger) under `manage.py
+    runworker` with these settings and options; returns the command's stdout and stderr lines."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out, err = tmp_path / "runworker.out", tmp_path / "runworker.err"
+    command = [sys.executable, "-m", "django", "runworker", "--import", "tests.worker_tasks", "--poll-interval", "0.1"]
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [*command, *options],
+            cwd=Path(__file__).resolve().parents[2],
+            env=dict(os.environ, DJANGO_SETTINGS_MODULE=settings),
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        job_id = t.build_report.enqueue(dj, 7)
+        deadline = time.monotonic() + 30
+        while (info := fairqueue.get_job(dj, job_id)) is None or not info.finished:
+            assert time.monotonic() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.05)
+        assert info.status == "succeeded", info.error
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, err.read_text()
+    return out.read_text().splitlines(), err.read_text().splitlines()
+
+
+def test_runworker_shows_a_tasks_own_log_lines_in_its_format(dj: psycopg.Connection[Any], tmp_path: Any) -> None:
+    """Django's default LOGGING leaves the root logger unconfigured: the task's lines join the worker's."""
+    import json
+    import re
+
+    out, err = _runworker_logs_of_build_report(dj, tmp_path, "tests.django_settings")
+    assert [line for line in out if "building" in line] == []
+    [line] = [line for line in err if "building 7" in line]
+    assert re.fullmatch(r"\S+Z INFO tests\.worker_tasks building 7, attempt 1 of 3 report=7", line), err
+    assert len([line for line in err if " fairqueue.worker worker started " in line]) == 1, err
+    _, err = _runworker_logs_of_build_report(dj, tmp_path, "tests.django_settings", "--log-format", "json")
+    [record] = [r for r in map(json.loads, err) if r["logger"] == "tests.worker_tasks"]
+    assert (record["level"], record["message"], record["report"]) == ("INFO", "building 7, attempt 1 of 3", 7)
+
+
+def test_runworker_leaves_a_root_logger_configured_by_logging_alone(dj: psycopg.Connection[Any], tmp_path: Any) -> None:
+    """LOGGING configures the root logger (tests/django_settings_logging.py): the task's lines go where it
+    says, in its format; fairqueue's own lines stay in the worker's format, once."""
+    out, err = _runworker_logs_of_build_report(dj, tmp_path, "tests.django_settings_logging")
+    assert [line for line in out if "building" in line] == ["SITE INFO tests.worker_tasks: building 7, attempt 1 of 3"]
+    assert not any("building" in line for line in err), err
+    assert not any("fairqueue" in line for line in out), out
+    assert len([line for line in err if " fairqueue.worker worker started " in line]) == 1, err
+
+
 # -- ctx.atomic(): exactly once with the ORM --------------------------------------------------------
 
 

@@ -1,8 +1,10 @@
-"""Structured logging: JSON and text formatters, configure_logging. No database needed."""
+"""Structured logging: JSON and text formatters, configure_logging, log_the_application. No database needed
+(tests/cli/test_worker_command.py and tests/django/test_app.py run workers whose tasks log)."""
 
 from __future__ import annotations
 
 import calendar
+import contextlib
 import io
 import json
 import logging
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from fairqueue.errors import ConfigurationError
-from fairqueue.logs import JsonFormatter, TextFormatter, _FairqueueHandler, configure_logging
+from fairqueue.logs import JsonFormatter, TextFormatter, _FairqueueHandler, configure_logging, log_the_application
 
 TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -203,3 +205,65 @@ def test_bad_level_is_a_configuration_error(level: str | int) -> None:
     with pytest.raises(ConfigurationError, match="invalid log level"):
         configure_logging("json", level)
     assert logging.getLogger("fairqueue").handlers == handlers
+
+
+# --- log_the_application: the application's own records in a worker ---------------------------------------
+
+
+@contextlib.contextmanager
+def bare_root() -> Iterator[logging.Logger]:
+    """The root logger as in a fresh process, without pytest's capture handlers (which pytest adds for
+    the test's own run, so this is entered in the test); put back afterwards."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    root.handlers[:] = []
+    try:
+        yield root
+    finally:
+        for h in root.handlers:
+            h.close()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
+def test_an_unconfigured_root_logger_gets_the_workers_format_and_level() -> None:
+    with bare_root() as root:
+        stream = io.StringIO()
+        configure_logging("json", "INFO", stream=stream)
+        assert log_the_application("json", "INFO", stream=stream)
+        logging.getLogger("myapp.tasks").info("building %s", 7, extra={"report": 7})
+        logging.getLogger("myapp.tasks").debug("not at INFO")
+        logging.getLogger("fairqueue.worker").info("worker started")
+        records = [json.loads(line) for line in _lines(stream)]
+        assert [(r["logger"], r["message"]) for r in records] == [
+            ("myapp.tasks", "building 7"),
+            ("fairqueue.worker", "worker started"),  # once: the "fairqueue" logger does not propagate
+        ]
+        assert records[0]["report"] == 7 and records[0]["level"] == "INFO"
+        # called again (another in-process run): the handler is replaced, not added
+        again = io.StringIO()
+        assert log_the_application("text", "DEBUG", stream=again)
+        assert len(root.handlers) == 1 and root.level == logging.DEBUG
+        logging.getLogger("myapp.tasks").debug("now at DEBUG")
+        assert re.fullmatch(r"\S+ DEBUG myapp\.tasks now at DEBUG", again.getvalue().strip())
+
+
+def test_a_root_logger_the_application_configured_is_not_touched() -> None:
+    with bare_root() as root:
+        theirs = logging.StreamHandler(io.StringIO())
+        root.addHandler(theirs)
+        root.setLevel(logging.WARNING)
+        stream = io.StringIO()
+        assert not log_the_application("text", "DEBUG", stream=stream)
+        assert root.handlers == [theirs] and root.level == logging.WARNING
+        logging.getLogger("myapp.tasks").warning("theirs")
+        assert stream.getvalue() == "" and "theirs" in theirs.stream.getvalue()
+
+
+def test_log_the_application_checks_its_arguments() -> None:
+    with bare_root() as root:
+        with pytest.raises(ConfigurationError, match="invalid log format"):
+            log_the_application("xml")
+        with pytest.raises(ConfigurationError, match="invalid log level"):
+            log_the_application("text", "LOUD")
+        assert root.handlers == []

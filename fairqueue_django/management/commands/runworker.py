@@ -10,6 +10,9 @@ restart is not reused.
 
 When ``TASKS`` uses ``fairqueue_django.tasks.FairQueueBackend``, the ``tasks`` module of every
 installed app is imported too, so Django's ``@task`` functions run without ``--import``.
+
+Logging is ``fairqueue worker``'s (fairqueue.logs.log_the_application): the tasks' own records join
+the worker's output unless ``LOGGING`` configured the root logger, which is then left as it is.
 """
 
 from __future__ import annotations

@@ -176,6 +176,14 @@ class Dispatcher:
             # a claim whose answer was lost may have handed us jobs we do not know about
             self._needs_reconcile = True
             self.db.reopened = 0
+        if jobs and self.lifecycle.stopping.is_set():
+            # stop() came while the claim was on its way: a stopping worker starts nothing new (a job
+            # enqueued after stop() returned can only be in a claim that ended after it)
+            try:
+                self._release(worker_id, [j.id for j in jobs])
+            except psycopg.Error:
+                log.warning("could not hand back jobs claimed while stopping; they return when the lease expires")
+            return 0
         start = self.executor.start
         for job in jobs:
             start(job, worker_id)

@@ -13,10 +13,12 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from fairqueue.spark.report import (
     PERCENTILE_ACCURACY,
     ReportError,
     build_report,
+    from_micros,
     parse_duration,
     parse_when,
     write_report,
@@ -771,6 +774,117 @@ def test_period_live_table_and_uri_output(
     assert not list((out / "csv").glob(".*"))
 
 
+def _findings(html: str) -> dict[str, str]:
+    """The Findings of a page, by their first words (``Least fair window``, ``Slowest channel``...): each item's
+    markup."""
+    (section,) = re.findall(r"<h2>Findings</h2><ul[^>]*>(.*?)</ul>", html, flags=re.S)
+    items = re.findall(r"<li[^>]*>.*?</li>", section, flags=re.S)
+    return {re.sub(r"<[^>]+>", "", item).split(":")[0]: item for item in items}
+
+
+def _text(markup: str) -> str:
+    return unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def test_page_with_more_than_200_windows_says_what_summary_and_tables_say(
+    spark: Any, archive: Path, history: str, tmp_path: Path
+) -> None:
+    """With more than 200 windows the charts are drawn over a multiple of the window; the headline, the findings
+    and the tables are the report's windows all the same: the least fair window the page names is summary.json's,
+    and every number of the page that is also in summary.json or a table is that number."""
+    from fairqueue.spark.report.formatting import fmt_number, fmt_rate, fmt_time
+
+    window = 1200.0
+    report = build_report(spark, source=str(archive), window="20m")
+    try:
+        write_report(report, str(tmp_path / "out"))
+    finally:
+        report.close()
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    fairness = {r["window_start"]: r for r in read_table(spark, out, "fairness_windows")}
+    html = (out / "report.html").read_text()
+    page = Page(html)
+
+    # the tables' least fair window, as PostgreSQL computes it
+    jain = expected_jain(history, window=window)
+    assert len(jain) > 200
+    least_us = min(jain, key=lambda w: (jain[w]["jain_index"], w))
+    assert close(summary["jain_min"], jain[least_us]["jain_index"])
+    assert _us(summary["jain_min_window_start"]) == least_us
+    least = fairness[least_us]
+    assert least["backlogged_channels"] > 1 and least["jain_index"] == summary["jain_min"]
+
+    # the findings: the least fair window is summary.json's, with its fairness_windows row
+    findings = _findings(html)
+    least_fair = findings["Least fair window"]
+    shown = _text(least_fair)
+    assert shown.startswith(f"Least fair window: {fmt_time(from_micros(least_us))} (20 min), ")
+    assert f"Jain's index {fmt_number(summary['jain_min'], 3)} across {least['backlogged_channels']} " in shown
+    assert f"{least['top_channel']} finished {fmt_rate(least['top_share'])} of the jobs" in shown
+    (item,) = Page(least_fair).find(tag="li")
+    assert item["data-finding"] == "least_fair_window" and _us(item["data-window"]) == least_us
+    for element in item["children"]:
+        assert close(_value(element["data-value"]), least[element["data-col"]]), element
+    assert {e["data-col"] for e in item["children"]} == {"jain_index", "backlogged_channels", "top_share"}
+    # the headline's minimum reads the same
+    (caption,) = page.find(tag="span", data_kpi="jain_min")
+    assert _value(caption["data-value"]) == summary["jain_min"]
+    assert caption["text"] == fmt_number(summary["jain_min"], 3)
+
+    # the charts are coarser, and say so; their own least fair point is not the tables'
+    assert "The charts use 40 min windows (the tables use 20 min)" in html
+    charts = page.find(tag="svg")
+    assert len(charts) == 3 and all(c["data-window-seconds"] == "2400.0" for c in charts)  # the three charts'
+    chart_points = page.find(data_series="jain_index")
+    assert chart_points and all(_us(p["data-window"]) % 2_400_000_000 == 0 for p in chart_points)
+    assert min(_value(p["data-value"]) for p in chart_points) != summary["jain_min"]
+    assert "not the 20 min windows of the headline, the findings and the tables" in html
+
+    # every headline number is summary.json's
+    kpis = [e for e in page.elements if "data-kpi" in e]
+    assert {e["data-kpi"] for e in kpis} >= {"jobs", "attempts", "wait_p95_s", "jain_mean", "jain_min", "channels"}
+    for element in kpis:
+        assert _value(element["data-value"]) == summary[element["data-kpi"]], element
+    # every table row of the page is the table's row
+    tables: dict[str, dict[Any, dict[str, Any]]] = {
+        "channels": {r["channel"]: r for r in read_table(spark, out, "channels")},
+        "kinds": {r["kind"]: r for r in read_table(spark, out, "kinds")},
+        "starvation": {(r["job_id"], r["attempt"]): r for r in read_table(spark, out, "starvation")},
+    }
+    checked = 0
+    for row in page.find(tag="tr"):
+        if "data-job-id" in row:
+            want = tables["starvation"][(int(row["data-job-id"]), int(row["data-attempt"]))]
+        elif "data-kind" in row:
+            want = tables["kinds"][row["data-kind"]]
+        else:
+            want = tables["channels"][row["data-channel"]]
+        for cell in row["children"]:
+            expected = want[cell["data-col"]]
+            if cell["data-col"] in {"waiting_since", "started_at"}:
+                assert _us(cell["data-value"]) == expected, cell
+            else:
+                assert _value(cell["data-value"]) == expected, cell
+            checked += 1
+    assert checked > 200
+    # every number of the other findings is the channels or starvation table's, or summary.json's
+    for name, key in (("Slowest channel", "slowest_channel"), ("Most failures", "most_failures"), ("Starvation", "")):
+        (item,) = Page(findings[name]).find(tag="li")
+        assert item["data-finding"] == (key or "starvation")
+        if "data-channel" in item:
+            want = tables["channels"][item["data-channel"]]
+        else:
+            want = tables["starvation"][(int(item["data-job-id"]), int(item["data-attempt"]))]
+        for element in item["children"]:
+            source = summary if "data-kpi" in element else want
+            assert _value(element["data-value"]) == source[element.get("data-kpi") or element["data-col"]], element
+    slowest = max(tables["channels"].values(), key=lambda r: (r["wait_p95_s"] or 0, r["jobs"]))
+    assert 'data-channel="slow"' in findings["Slowest channel"] and slowest["channel"] == "slow"
+    failing = max(tables["channels"].values(), key=lambda r: (r["failure_rate"] or 0, r["jobs"]))
+    assert f'data-channel="{failing["channel"]}"' in findings["Most failures"]
+
+
 def test_command_line_end_to_end(archive: Path, history: str, tmp_path: Path) -> None:
     """In its own process: the command as a user runs it, with --conf settings (an event log shows what Spark
     was started with: a spark.jars given is kept, the JDBC driver appended)."""
@@ -973,6 +1087,15 @@ def _page_data(channels: list[str]) -> dict[str, Any]:
             for i in range(4)
         ],
         "channels": [{**figures, "channel": c, "share_of_jobs": 0.1, "starvation_incidents": 0} for c in channels],
+        "least_fair": {
+            "window_us": start,
+            "jain_index": 1.0,
+            "active_channels": len(channels),
+            "backlogged_channels": 2,
+            "top_channel": channels[0],
+            "top_share": 0.5,
+        },
+        "most_failures": {**figures, "channel": channels[0], "share_of_jobs": 0.1, "starvation_incidents": 0},
         "kinds": [{**figures, "kind": "k<1>", "share_of_jobs": 1.0}],
         "kinds_total": 1,
         "starvation": [

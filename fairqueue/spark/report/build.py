@@ -212,7 +212,7 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         "starvation": starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
     }
     report.page = page_data(
-        params, report.summary, attempts, channels, kinds, fairness_rows, starvation, islands, period
+        params, report.summary, attempts, channels, kinds, fairness_rows, least_fair, starvation, islands, period
     )
 
 

@@ -1001,6 +1001,192 @@ def test_bad_input_is_one_line(
     assert not Path(out).exists()
 
 
+# -- day one: the live table alone, and the archive plus the live table ------------------------------------
+
+
+def assert_report_is_the_history(spark: Any, out: Path, url: str, *, window: float = 6 * 3600.0) -> None:
+    """Every table of the report written to ``out``, over the whole history in 6 h windows, against the same
+    figures computed by PostgreSQL over ``public.report_history`` (each attempt once)."""
+    period = 3 * 86400.0  # the windows with attempts: exactly the three days
+    expected = expected_channel_windows(url, window=window)
+    rows = read_table(spark, out, "channel_windows")
+    assert {(r["window_start"], r["channel"]) for r in rows} == set(expected)
+    for row in rows:
+        key = (row["window_start"], row["channel"])
+        assert_figures(row, expected[key], [*FIGURES, "share_of_jobs"], key)
+    sql = (
+        _ATTEMPTS
+        + f"""SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, kind, {_FIGURES}
+              FROM w GROUP BY window_start, kind"""
+    )
+    by_kind = {(r["window_us"], r["kind"]): r for r in _query(url, sql, _params(None, None, window))}
+    kind_rows = read_table(spark, out, "kind_windows")
+    assert {(r["window_start"], r["kind"]) for r in kind_rows} == set(by_kind)
+    for row in kind_rows:
+        key = (row["window_start"], row["kind"])
+        assert_figures(row, by_kind[key], ["jobs", "attempts", "started", "wait_p95_s", "run_p50_s"], key)
+    for column in ("channel", "kind"):
+        totals = expected_totals(url, column, period=period)
+        table = read_table(spark, out, f"{column}s")
+        assert {r[column] for r in table} == set(totals)
+        for row in table:
+            assert_figures(row, totals[row[column]], FIGURES, row[column])
+    jain = expected_jain(url, window=window)
+    fairness = read_table(spark, out, "fairness_windows")
+    assert {r["window_start"] for r in fairness} == set(jain)
+    for row in fairness:
+        assert_figures(
+            row,
+            jain[row["window_start"]],
+            ["active_channels", "backlogged_channels", "jain_index", "share_jain_index"],
+            row["window_start"],
+        )
+        in_window = [v for (w, _), v in expected.items() if w == row["window_start"]]
+        assert (row["jobs"], row["attempts"]) == (
+            sum(v["jobs"] for v in in_window),
+            sum(v["attempts"] for v in in_window),
+        )
+    starved = expected_starvation(url, threshold=THRESHOLD)
+    incidents = {(r["job_id"], r["attempt"]): r for r in read_table(spark, out, "starvation")}
+    assert incidents.keys() == starved.keys() and starved
+    for key, row in incidents.items():
+        assert_figures(row, starved[key], ["wait_s", "queue_wait_s", "other_channels_served"], key)
+    overall = expected_overall(url, period=period)
+    (summary,) = read_table(spark, out, "summary")
+    assert_figures(summary, overall, FIGURES, "summary")
+    assert summary["windows"] == len(jain) and summary["channels"] == 13 and summary["kinds"] == 4
+    assert close(summary["jain_mean"], sum(r["jain_index"] for r in jain.values()) / len(jain))
+    assert close(summary["jain_min"], min(r["jain_index"] for r in jain.values()))
+    assert summary["starvation_incidents"] == len(starved)
+    as_json = json.loads((out / "summary.json").read_text())
+    assert_figures(as_json, overall, FIGURES, "summary.json")
+
+
+def _live_history(url: str, where: str = "true") -> None:
+    """The history rows matching ``where`` in fairqueue.completed_job (its days' partitions made first)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+        conn.execute("SELECT fairqueue.ensure_completed_partitions(4, %s::date)", (BASE.date(),))
+        conn.execute(f"INSERT INTO fairqueue.completed_job SELECT * FROM {HISTORY} WHERE {where}")
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """``fairqueue report`` run as the command (in this process, on the tests' Spark session): its output."""
+    code = main(["report", *argv])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    return printed.out
+
+
+def test_a_report_from_the_live_table_alone_before_anything_is_archived(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Day one: nothing is old enough to be archived (the archive never takes today's partition); --include-live
+    without --from reports on the live table."""
+    _live_history(db_url)
+    live = ["--include-live", "--database-url", _tcp(db_url, tcp_server_url), "--window", "6h"]
+    printed = _report(capsys, *live, "--out", str(tmp_path / "live"))
+    assert "note:" not in printed
+    assert_report_is_the_history(spark, tmp_path / "live", history)
+    summary = json.loads((tmp_path / "live" / "summary.json").read_text())
+    assert summary["source"] is None and summary["live_database"].endswith(database_name(db_url))
+    html = (tmp_path / "live" / "report.html").read_text()
+    assert f"from live table of {summary['live_database']}</p>" in html
+
+    # with neither the archive nor the live table there is nothing to read; with an empty live table, nothing
+    # to report
+    assert _fails(capsys, "--out", str(tmp_path / "x")) == (
+        "fairqueue: error: nothing to read: give the archive (--from PATH), the live table (--include-live), or both"
+    )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+    line = _fails(capsys, *live, "--out", str(tmp_path / "x"))
+    assert (
+        line == f"fairqueue: error: nothing to report: the live table of {summary['live_database']} holds no attempts"
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_archive_not_there_yet_or_empty_with_the_live_table(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Day one with the archive's place already configured: --from an archive that does not exist yet, or that
+    is empty (fairqueue archive has found nothing old enough), plus --include-live, reports on the live table
+    and says so."""
+    _live_history(db_url)
+    live = ["--include-live", "--database-url", _tcp(db_url, tcp_server_url), "--window", "6h"]
+    (tmp_path / "empty" / "day=2024-03-04").mkdir(parents=True)
+    for archive in (tmp_path / "empty", tmp_path / "not-yet"):
+        out = tmp_path / f"report-{archive.name}"
+        printed = _report(capsys, "--from", str(archive), *live, "--out", str(out))
+        assert f"note: nothing archived at {archive} yet: the report covers the live table only\n" in printed
+        assert_report_is_the_history(spark, out, history)
+        assert json.loads((out / "summary.json").read_text())["source"] == str(archive)
+        assert (
+            f"nothing archived at {archive} yet: the report covers the live table only."
+            in (out / "report.html").read_text()
+        )
+
+    # without the live table an archive is needed
+    assert "is empty" in _fails(capsys, "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "x"))
+    assert "no archive at" in _fails(capsys, "--from", str(tmp_path / "not-yet"), "--out", str(tmp_path / "x"))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+    line = _fails(capsys, "--from", str(tmp_path / "empty"), *live, "--out", str(tmp_path / "x"))
+    assert line.startswith(f"fairqueue: error: nothing to report: the archive at {tmp_path / 'empty'} and the live ")
+    assert line.endswith(" hold no attempts")
+    assert not (tmp_path / "x").exists()
+
+
+def test_archive_and_live_table_count_each_attempt_once(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An archive run interrupted between the copy and the drop (here: the drop does not get its lock) leaves a
+    day in the archive and in the live table; the report over both counts each of its attempts once."""
+    from fairqueue.spark.archive import ArchiveError, archive_history
+
+    url = _tcp(db_url, tcp_server_url)
+    _live_history(db_url)
+    root = tmp_path / "archive"
+    with psycopg.connect(db_url) as writer:  # a transaction writing into day two holds its partition
+        writer.execute("LOCK TABLE fairqueue.completed_job_p20240305 IN ROW EXCLUSIVE MODE")
+        with pytest.raises(ArchiveError, match=r"the lock to drop completed_job_p20240305 was not granted"):
+            archive_history(url, older_than="1d", to=str(root), spark=spark, lock_timeout=0.5)
+        writer.rollback()
+    day_two = (BASE + timedelta(days=1), BASE + timedelta(days=2))
+    with psycopg.connect(db_url) as conn:
+        (live_day_one,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at < %s", (day_two[0],)
+        ).fetchone() or (None,)
+        (live_day_two,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at >= %s AND finished_at < %s", day_two
+        ).fetchone() or (None,)
+        (later,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at >= %s", (day_two[1],)
+        ).fetchone() or (None,)
+    archived = {
+        r["day"].isoformat(): r["n"]
+        for r in spark.read.parquet(str(root)).groupBy("day").count().withColumnRenamed("count", "n").collect()
+    }
+    assert live_day_one == 0 and later > 0  # day one archived and dropped, day three never reached
+    assert archived == {"2024-03-04": archived["2024-03-04"], "2024-03-05": live_day_two} and live_day_two > 300
+
+    printed = _report(
+        capsys,
+        "--from",
+        str(root),
+        "--include-live",
+        "--database-url",
+        url,
+        "--window",
+        "6h",
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert "note:" not in printed
+    assert_report_is_the_history(spark, tmp_path / "out", history)
+
+
 # -- no Spark needed ------------------------------------------------------------------------------------
 
 

@@ -276,9 +276,10 @@ def render_html(page: dict[str, Any]) -> str:
     threshold = float(page["threshold_seconds"])
     window = readable(page["window_seconds"])
     chart_window = readable(page["chart_window_seconds"])
-    sources = escape(page["source"]) + (
-        f" + live table of {escape(page['live_database'])}" if page.get("live_database") else ""
-    )
+    read = [escape(page["source"])] if page.get("source") else []
+    if page.get("live_database"):
+        read.append(f"live table of {escape(page['live_database'])}")
+    sources = " + ".join(read)
     kpis = [
         _kpi(
             "jobs",
@@ -367,6 +368,7 @@ def render_html(page: dict[str, Any]) -> str:
         f'<p class="sub">{escape(period)} · '
         f"{_summary_number('channels', s['channels'], str(s['channels']))} channels · "
         f"{_summary_number('kinds', s['kinds'], str(s['kinds']))} kinds · {window} windows · from {sources}</p>",
+        *(f'<p class="note">{escape(note)}.</p>' for note in page.get("notes", ())),
         f'<div class="kpis">{"".join(kpis)}</div>',
         '<section><h2>Findings</h2><ul class="findings">' + "".join(_findings(page)) + "</ul></section>",
         '<section id="wait-chart"><h2>Queue wait per channel</h2>'

@@ -56,10 +56,12 @@ def page_data(
     starvation: DataFrame,
     islands: DataFrame,
     period: tuple[int, int],
+    *,
+    notes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Everything the HTML page shows, collected, from the report's attempts, tables and headline numbers
     (``summary``); ``least_fair`` is the ``fairness_windows`` row of ``summary``'s least fair window (the findings
-    name it), ``period`` is (start, end) in Unix microseconds."""
+    name it), ``period`` is (start, end) in Unix microseconds; ``notes`` for the reader (e.g. no archive yet)."""
     from pyspark.sql import functions as F
 
     period_start_us, period_end_us = period
@@ -107,6 +109,7 @@ def page_data(
         "generated_at": datetime.now(UTC),
         "source": params.source,
         "live_database": params.live,
+        "notes": list(notes),
         "since": params.since,
         "until": params.until,
         "window_seconds": params.window_seconds,

@@ -51,15 +51,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def add_report_command(commands: Any) -> None:
     report = commands.add_parser(
         "report",
-        help="fairness and SLA analytics over the job-history archive (Spark)",
+        help="fairness and SLA analytics over the job history: its archive and/or the live table (Spark)",
         description=(
-            "Reads the Parquet archive written by fairqueue archive (and, with --include-live, the live "
-            "completed_job table), computes throughput, queue wait and run time percentiles, failure and retry "
-            "rates per window, channel and kind, Jain's fairness index per window and the starvation incidents, "
-            "and writes them as Parquet and CSV tables plus a self-contained report.html."
+            "Reads the Parquet archive written by fairqueue archive (--from), the live completed_job table "
+            "(--include-live), or both (an attempt in both counts once), computes throughput, queue wait and run "
+            "time percentiles, failure and retry rates per window, channel and kind, Jain's fairness index per "
+            "window and the starvation incidents, and writes them as Parquet and CSV tables plus a self-contained "
+            "report.html. Before anything is archived, --include-live alone (or with a --from that does not exist "
+            "yet) reports on the live table."
         ),
     )
-    report.add_argument("--from", dest="source", required=True, metavar="PATH", help="the archive's root (or URI)")
+    report.add_argument(
+        "--from",
+        dest="source",
+        metavar="PATH",
+        help="the archive's root (or URI); with --include-live it may be left out or not exist yet",
+    )
     report.add_argument(
         "--since", metavar="WHEN", help="first instant: ISO 8601 (UTC unless it says) or back from now, e.g. 7d"
     )
@@ -73,7 +80,9 @@ def add_report_command(commands: Any) -> None:
         metavar="DURATION",
         help="wait at the head of its channel above which a job can be a starvation incident (default 30s)",
     )
-    report.add_argument("--include-live", action="store_true", help="also read fairqueue.completed_job (over JDBC)")
+    report.add_argument(
+        "--include-live", action="store_true", help="read fairqueue.completed_job too (over JDBC), or alone"
+    )
     database_url_option(report, required_hint="; with --include-live")
     report.add_argument(
         "--out", default="fairqueue-report", metavar="DIR", help="output directory or URI (default ./fairqueue-report)"

@@ -1,5 +1,6 @@
 """What Spark or the JVM said when something failed, as one line: the Spark commands (``fairqueue archive``,
-``fairqueue report``) print no tracebacks, so every Spark failure they report goes through here."""
+``fairqueue report``) print no tracebacks, so every Spark failure they report goes through here. Also what
+PySpark needs of Java (:data:`MIN_JAVA`), which :func:`fairqueue.spark.session.check_java` checks."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ _JVM_GONE = (
     "An error occurred while trying to connect to the Java server",
 )
 MEMORY_HINT = "raise spark.driver.memory (--conf spark.driver.memory=4g)"
+MIN_JAVA = 17  # PySpark 4 runs on Java 17 or later
+JAVA_NEEDED = f"PySpark needs Java {MIN_JAVA} or later"
+JAVA_HINT = (
+    f"install Java {MIN_JAVA}+ (e.g. apt-get install openjdk-{MIN_JAVA}-jre-headless) and set JAVA_HOME to its "
+    "directory or put its bin/java first on PATH"
+)
 
 
 def spark_message(exc: BaseException) -> str:
@@ -51,4 +58,6 @@ def spark_failure(exc: BaseException) -> str:
         whole = text
     if any(sign in whole for sign in _JVM_GONE) or type(exc).__name__ == "Py4JNetworkError":
         return f"{text} (Spark ran out of memory or stopped: {MEMORY_HINT})"
+    if "JAVA_GATEWAY_EXITED" in whole:  # Spark's JVM did not start: most often no Java, or too old a one
+        return f"{text} ({JAVA_NEEDED}: {JAVA_HINT})"
     return text

@@ -12,7 +12,9 @@ The traps this module takes care of (each one costs an afternoon the first time)
   locally that is 127.0.0.1;
 - JDBC cannot use a unix socket: the database URL must name a TCP host;
 - an unreachable standalone master (``spark://host:port``) makes Spark retry for a minute and print
-  pages of stack traces: it is checked first, and the command-line tools start Spark quietly.
+  pages of stack traces: it is checked first, and the command-line tools start Spark quietly;
+- without Java, or with one older than 17, PySpark only says ``JAVA_GATEWAY_EXITED``: the Java that Spark
+  would start (``$JAVA_HOME/bin/java``, else ``java`` on PATH) and its version are checked first.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg.conninfo
 
 from fairqueue.errors import ConfigurationError
+from fairqueue.spark.errors import JAVA_HINT, JAVA_NEEDED, MIN_JAVA
+from fairqueue.text import first_line
 from fairqueue.urls import redact, to_libpq
 
 if TYPE_CHECKING:
@@ -125,6 +131,57 @@ def check_master(master: str, *, timeout: float = 5.0) -> None:
         raise ConfigurationError(f"cannot reach the Spark master {reasons[0]}")
     if reasons:
         raise ConfigurationError(f"cannot reach any of the Spark masters ({'; '.join(reasons)})")
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in what ``java -version`` prints (``openjdk version "17.0.15" ...`` is 17,
+    ``java version "1.8.0_392"`` is 8), or None if it names none."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?[^"]*"', version_output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> None:
+    """Raises :class:`ConfigurationError` unless the Java that Spark would start is there and at least
+    :data:`~fairqueue.spark.errors.MIN_JAVA`: ``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else ``java`` on
+    PATH (as Spark's launch scripts pick it). Without this PySpark only says ``JAVA_GATEWAY_EXITED``."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            raise ConfigurationError(f"{JAVA_NEEDED}, but JAVA_HOME={home} has no bin/java: {JAVA_HINT}")
+    else:
+        found = shutil.which("java")
+        if found is None:
+            raise ConfigurationError(
+                f"{JAVA_NEEDED}, but no Java was found (JAVA_HOME is not set and there is no java on PATH): {JAVA_HINT}"
+            )
+        java = found
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigurationError(f"{JAVA_NEEDED}, but {java} -version failed ({exc}): {JAVA_HINT}") from None
+    said = done.stderr + done.stdout  # java -version prints to standard error
+    major = java_major(said)
+    if major is None:
+        raise ConfigurationError(
+            f"{JAVA_NEEDED}, but {java} -version did not say which version it is "
+            f"({first_line(said) or f'exit status {done.returncode}'}): {JAVA_HINT}"
+        )
+    if major < MIN_JAVA:
+        raise ConfigurationError(f"{JAVA_NEEDED}, but {java} is Java {major} ({first_line(said)}): {JAVA_HINT}")
+
+
+def _jvm_running() -> bool:
+    """Whether this process already has Spark's JVM (a stopped session's, or one it was handed through
+    ``PYSPARK_GATEWAY_PORT``, as notebooks do): then no Java is started."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return True
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
 
 
 def session_environment(master: str) -> dict[str, str]:
@@ -225,8 +282,8 @@ def spark_session(
     ``{"spark.driver.memory": "4g"}`` (applied when the JVM starts, so only by the first session of the
     process). ``quiet``: Spark logs errors only (the command-line tools).
 
-    Raises :class:`ConfigurationError` when PySpark or the JDBC jar is missing, or a standalone master
-    (``spark://``) cannot be reached.
+    Raises :class:`ConfigurationError` when PySpark, Java 17+ (:func:`check_java`) or the JDBC jar is missing,
+    or a standalone master (``spark://``) cannot be reached.
     """
     try:
         from pyspark.sql import SparkSession
@@ -235,6 +292,8 @@ def spark_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if not _jvm_running():
+        check_java()
     chosen = master or os.environ.get("FAIRQUEUE_SPARK_MASTER") or "local[*]"
     settings = session_settings(chosen, app_name=app_name, config=config)
     for name, value in session_environment(chosen).items():

@@ -13,10 +13,12 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from fairqueue.spark.report import (
     PERCENTILE_ACCURACY,
     ReportError,
     build_report,
+    from_micros,
     parse_duration,
     parse_when,
     write_report,
@@ -771,6 +774,117 @@ def test_period_live_table_and_uri_output(
     assert not list((out / "csv").glob(".*"))
 
 
+def _findings(html: str) -> dict[str, str]:
+    """The Findings of a page, by their first words (``Least fair window``, ``Slowest channel``...): each item's
+    markup."""
+    (section,) = re.findall(r"<h2>Findings</h2><ul[^>]*>(.*?)</ul>", html, flags=re.S)
+    items = re.findall(r"<li[^>]*>.*?</li>", section, flags=re.S)
+    return {re.sub(r"<[^>]+>", "", item).split(":")[0]: item for item in items}
+
+
+def _text(markup: str) -> str:
+    return unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def test_page_with_more_than_200_windows_says_what_summary_and_tables_say(
+    spark: Any, archive: Path, history: str, tmp_path: Path
+) -> None:
+    """With more than 200 windows the charts are drawn over a multiple of the window; the headline, the findings
+    and the tables are the report's windows all the same: the least fair window the page names is summary.json's,
+    and every number of the page that is also in summary.json or a table is that number."""
+    from fairqueue.spark.report.formatting import fmt_number, fmt_rate, fmt_time
+
+    window = 1200.0
+    report = build_report(spark, source=str(archive), window="20m")
+    try:
+        write_report(report, str(tmp_path / "out"))
+    finally:
+        report.close()
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    fairness = {r["window_start"]: r for r in read_table(spark, out, "fairness_windows")}
+    html = (out / "report.html").read_text()
+    page = Page(html)
+
+    # the tables' least fair window, as PostgreSQL computes it
+    jain = expected_jain(history, window=window)
+    assert len(jain) > 200
+    least_us = min(jain, key=lambda w: (jain[w]["jain_index"], w))
+    assert close(summary["jain_min"], jain[least_us]["jain_index"])
+    assert _us(summary["jain_min_window_start"]) == least_us
+    least = fairness[least_us]
+    assert least["backlogged_channels"] > 1 and least["jain_index"] == summary["jain_min"]
+
+    # the findings: the least fair window is summary.json's, with its fairness_windows row
+    findings = _findings(html)
+    least_fair = findings["Least fair window"]
+    shown = _text(least_fair)
+    assert shown.startswith(f"Least fair window: {fmt_time(from_micros(least_us))} (20 min), ")
+    assert f"Jain's index {fmt_number(summary['jain_min'], 3)} across {least['backlogged_channels']} " in shown
+    assert f"{least['top_channel']} finished {fmt_rate(least['top_share'])} of the jobs" in shown
+    (item,) = Page(least_fair).find(tag="li")
+    assert item["data-finding"] == "least_fair_window" and _us(item["data-window"]) == least_us
+    for element in item["children"]:
+        assert close(_value(element["data-value"]), least[element["data-col"]]), element
+    assert {e["data-col"] for e in item["children"]} == {"jain_index", "backlogged_channels", "top_share"}
+    # the headline's minimum reads the same
+    (caption,) = page.find(tag="span", data_kpi="jain_min")
+    assert _value(caption["data-value"]) == summary["jain_min"]
+    assert caption["text"] == fmt_number(summary["jain_min"], 3)
+
+    # the charts are coarser, and say so; their own least fair point is not the tables'
+    assert "The charts use 40 min windows (the tables use 20 min)" in html
+    charts = page.find(tag="svg")
+    assert len(charts) == 3 and all(c["data-window-seconds"] == "2400.0" for c in charts)  # the three charts'
+    chart_points = page.find(data_series="jain_index")
+    assert chart_points and all(_us(p["data-window"]) % 2_400_000_000 == 0 for p in chart_points)
+    assert min(_value(p["data-value"]) for p in chart_points) != summary["jain_min"]
+    assert "not the 20 min windows of the headline, the findings and the tables" in html
+
+    # every headline number is summary.json's
+    kpis = [e for e in page.elements if "data-kpi" in e]
+    assert {e["data-kpi"] for e in kpis} >= {"jobs", "attempts", "wait_p95_s", "jain_mean", "jain_min", "channels"}
+    for element in kpis:
+        assert _value(element["data-value"]) == summary[element["data-kpi"]], element
+    # every table row of the page is the table's row
+    tables: dict[str, dict[Any, dict[str, Any]]] = {
+        "channels": {r["channel"]: r for r in read_table(spark, out, "channels")},
+        "kinds": {r["kind"]: r for r in read_table(spark, out, "kinds")},
+        "starvation": {(r["job_id"], r["attempt"]): r for r in read_table(spark, out, "starvation")},
+    }
+    checked = 0
+    for row in page.find(tag="tr"):
+        if "data-job-id" in row:
+            want = tables["starvation"][(int(row["data-job-id"]), int(row["data-attempt"]))]
+        elif "data-kind" in row:
+            want = tables["kinds"][row["data-kind"]]
+        else:
+            want = tables["channels"][row["data-channel"]]
+        for cell in row["children"]:
+            expected = want[cell["data-col"]]
+            if cell["data-col"] in {"waiting_since", "started_at"}:
+                assert _us(cell["data-value"]) == expected, cell
+            else:
+                assert _value(cell["data-value"]) == expected, cell
+            checked += 1
+    assert checked > 200
+    # every number of the other findings is the channels or starvation table's, or summary.json's
+    for name, key in (("Slowest channel", "slowest_channel"), ("Most failures", "most_failures"), ("Starvation", "")):
+        (item,) = Page(findings[name]).find(tag="li")
+        assert item["data-finding"] == (key or "starvation")
+        if "data-channel" in item:
+            want = tables["channels"][item["data-channel"]]
+        else:
+            want = tables["starvation"][(int(item["data-job-id"]), int(item["data-attempt"]))]
+        for element in item["children"]:
+            source = summary if "data-kpi" in element else want
+            assert _value(element["data-value"]) == source[element.get("data-kpi") or element["data-col"]], element
+    slowest = max(tables["channels"].values(), key=lambda r: (r["wait_p95_s"] or 0, r["jobs"]))
+    assert 'data-channel="slow"' in findings["Slowest channel"] and slowest["channel"] == "slow"
+    failing = max(tables["channels"].values(), key=lambda r: (r["failure_rate"] or 0, r["jobs"]))
+    assert f'data-channel="{failing["channel"]}"' in findings["Most failures"]
+
+
 def test_command_line_end_to_end(archive: Path, history: str, tmp_path: Path) -> None:
     """In its own process: the command as a user runs it, with --conf settings (an event log shows what Spark
     was started with: a spark.jars given is kept, the JDBC driver appended)."""
@@ -887,6 +1001,192 @@ def test_bad_input_is_one_line(
     assert not Path(out).exists()
 
 
+# -- day one: the live table alone, and the archive plus the live table ------------------------------------
+
+
+def assert_report_is_the_history(spark: Any, out: Path, url: str, *, window: float = 6 * 3600.0) -> None:
+    """Every table of the report written to ``out``, over the whole history in 6 h windows, against the same
+    figures computed by PostgreSQL over ``public.report_history`` (each attempt once)."""
+    period = 3 * 86400.0  # the windows with attempts: exactly the three days
+    expected = expected_channel_windows(url, window=window)
+    rows = read_table(spark, out, "channel_windows")
+    assert {(r["window_start"], r["channel"]) for r in rows} == set(expected)
+    for row in rows:
+        key = (row["window_start"], row["channel"])
+        assert_figures(row, expected[key], [*FIGURES, "share_of_jobs"], key)
+    sql = (
+        _ATTEMPTS
+        + f"""SELECT (extract(epoch FROM window_start) * 1000000)::bigint AS window_us, kind, {_FIGURES}
+              FROM w GROUP BY window_start, kind"""
+    )
+    by_kind = {(r["window_us"], r["kind"]): r for r in _query(url, sql, _params(None, None, window))}
+    kind_rows = read_table(spark, out, "kind_windows")
+    assert {(r["window_start"], r["kind"]) for r in kind_rows} == set(by_kind)
+    for row in kind_rows:
+        key = (row["window_start"], row["kind"])
+        assert_figures(row, by_kind[key], ["jobs", "attempts", "started", "wait_p95_s", "run_p50_s"], key)
+    for column in ("channel", "kind"):
+        totals = expected_totals(url, column, period=period)
+        table = read_table(spark, out, f"{column}s")
+        assert {r[column] for r in table} == set(totals)
+        for row in table:
+            assert_figures(row, totals[row[column]], FIGURES, row[column])
+    jain = expected_jain(url, window=window)
+    fairness = read_table(spark, out, "fairness_windows")
+    assert {r["window_start"] for r in fairness} == set(jain)
+    for row in fairness:
+        assert_figures(
+            row,
+            jain[row["window_start"]],
+            ["active_channels", "backlogged_channels", "jain_index", "share_jain_index"],
+            row["window_start"],
+        )
+        in_window = [v for (w, _), v in expected.items() if w == row["window_start"]]
+        assert (row["jobs"], row["attempts"]) == (
+            sum(v["jobs"] for v in in_window),
+            sum(v["attempts"] for v in in_window),
+        )
+    starved = expected_starvation(url, threshold=THRESHOLD)
+    incidents = {(r["job_id"], r["attempt"]): r for r in read_table(spark, out, "starvation")}
+    assert incidents.keys() == starved.keys() and starved
+    for key, row in incidents.items():
+        assert_figures(row, starved[key], ["wait_s", "queue_wait_s", "other_channels_served"], key)
+    overall = expected_overall(url, period=period)
+    (summary,) = read_table(spark, out, "summary")
+    assert_figures(summary, overall, FIGURES, "summary")
+    assert summary["windows"] == len(jain) and summary["channels"] == 13 and summary["kinds"] == 4
+    assert close(summary["jain_mean"], sum(r["jain_index"] for r in jain.values()) / len(jain))
+    assert close(summary["jain_min"], min(r["jain_index"] for r in jain.values()))
+    assert summary["starvation_incidents"] == len(starved)
+    as_json = json.loads((out / "summary.json").read_text())
+    assert_figures(as_json, overall, FIGURES, "summary.json")
+
+
+def _live_history(url: str, where: str = "true") -> None:
+    """The history rows matching ``where`` in fairqueue.completed_job (its days' partitions made first)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+        conn.execute("SELECT fairqueue.ensure_completed_partitions(4, %s::date)", (BASE.date(),))
+        conn.execute(f"INSERT INTO fairqueue.completed_job SELECT * FROM {HISTORY} WHERE {where}")
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """``fairqueue report`` run as the command (in this process, on the tests' Spark session): its output."""
+    code = main(["report", *argv])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    return printed.out
+
+
+def test_a_report_from_the_live_table_alone_before_anything_is_archived(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Day one: nothing is old enough to be archived (the archive never takes today's partition); --include-live
+    without --from reports on the live table."""
+    _live_history(db_url)
+    live = ["--include-live", "--database-url", _tcp(db_url, tcp_server_url), "--window", "6h"]
+    printed = _report(capsys, *live, "--out", str(tmp_path / "live"))
+    assert "note:" not in printed
+    assert_report_is_the_history(spark, tmp_path / "live", history)
+    summary = json.loads((tmp_path / "live" / "summary.json").read_text())
+    assert summary["source"] is None and summary["live_database"].endswith(database_name(db_url))
+    html = (tmp_path / "live" / "report.html").read_text()
+    assert f"from live table of {summary['live_database']}</p>" in html
+
+    # with neither the archive nor the live table there is nothing to read; with an empty live table, nothing
+    # to report
+    assert _fails(capsys, "--out", str(tmp_path / "x")) == (
+        "fairqueue: error: nothing to read: give the archive (--from PATH), the live table (--include-live), or both"
+    )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+    line = _fails(capsys, *live, "--out", str(tmp_path / "x"))
+    assert (
+        line == f"fairqueue: error: nothing to report: the live table of {summary['live_database']} holds no attempts"
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_archive_not_there_yet_or_empty_with_the_live_table(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Day one with the archive's place already configured: --from an archive that does not exist yet, or that
+    is empty (fairqueue archive has found nothing old enough), plus --include-live, reports on the live table
+    and says so."""
+    _live_history(db_url)
+    live = ["--include-live", "--database-url", _tcp(db_url, tcp_server_url), "--window", "6h"]
+    (tmp_path / "empty" / "day=2024-03-04").mkdir(parents=True)
+    for archive in (tmp_path / "empty", tmp_path / "not-yet"):
+        out = tmp_path / f"report-{archive.name}"
+        printed = _report(capsys, "--from", str(archive), *live, "--out", str(out))
+        assert f"note: nothing archived at {archive} yet: the report covers the live table only\n" in printed
+        assert_report_is_the_history(spark, out, history)
+        assert json.loads((out / "summary.json").read_text())["source"] == str(archive)
+        assert (
+            f"nothing archived at {archive} yet: the report covers the live table only."
+            in (out / "report.html").read_text()
+        )
+
+    # without the live table an archive is needed
+    assert "is empty" in _fails(capsys, "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "x"))
+    assert "no archive at" in _fails(capsys, "--from", str(tmp_path / "not-yet"), "--out", str(tmp_path / "x"))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE fairqueue.completed_job")
+    line = _fails(capsys, "--from", str(tmp_path / "empty"), *live, "--out", str(tmp_path / "x"))
+    assert line.startswith(f"fairqueue: error: nothing to report: the archive at {tmp_path / 'empty'} and the live ")
+    assert line.endswith(" hold no attempts")
+    assert not (tmp_path / "x").exists()
+
+
+def test_archive_and_live_table_count_each_attempt_once(
+    spark: Any, history: str, db_url: str, tcp_server_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An archive run interrupted between the copy and the drop (here: the drop does not get its lock) leaves a
+    day in the archive and in the live table; the report over both counts each of its attempts once."""
+    from fairqueue.spark.archive import ArchiveError, archive_history
+
+    url = _tcp(db_url, tcp_server_url)
+    _live_history(db_url)
+    root = tmp_path / "archive"
+    with psycopg.connect(db_url) as writer:  # a transaction writing into day two holds its partition
+        writer.execute("LOCK TABLE fairqueue.completed_job_p20240305 IN ROW EXCLUSIVE MODE")
+        with pytest.raises(ArchiveError, match=r"the lock to drop completed_job_p20240305 was not granted"):
+            archive_history(url, older_than="1d", to=str(root), spark=spark, lock_timeout=0.5)
+        writer.rollback()
+    day_two = (BASE + timedelta(days=1), BASE + timedelta(days=2))
+    with psycopg.connect(db_url) as conn:
+        (live_day_one,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at < %s", (day_two[0],)
+        ).fetchone() or (None,)
+        (live_day_two,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at >= %s AND finished_at < %s", day_two
+        ).fetchone() or (None,)
+        (later,) = conn.execute(
+            "SELECT count(*) FROM fairqueue.completed_job WHERE finished_at >= %s", (day_two[1],)
+        ).fetchone() or (None,)
+    archived = {
+        r["day"].isoformat(): r["n"]
+        for r in spark.read.parquet(str(root)).groupBy("day").count().withColumnRenamed("count", "n").collect()
+    }
+    assert live_day_one == 0 and later > 0  # day one archived and dropped, day three never reached
+    assert archived == {"2024-03-04": archived["2024-03-04"], "2024-03-05": live_day_two} and live_day_two > 300
+
+    printed = _report(
+        capsys,
+        "--from",
+        str(root),
+        "--include-live",
+        "--database-url",
+        url,
+        "--window",
+        "6h",
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert "note:" not in printed
+    assert_report_is_the_history(spark, tmp_path / "out", history)
+
+
 # -- no Spark needed ------------------------------------------------------------------------------------
 
 
@@ -973,6 +1273,15 @@ def _page_data(channels: list[str]) -> dict[str, Any]:
             for i in range(4)
         ],
         "channels": [{**figures, "channel": c, "share_of_jobs": 0.1, "starvation_incidents": 0} for c in channels],
+        "least_fair": {
+            "window_us": start,
+            "jain_index": 1.0,
+            "active_channels": len(channels),
+            "backlogged_channels": 2,
+            "top_channel": channels[0],
+            "top_share": 0.5,
+        },
+        "most_failures": {**figures, "channel": channels[0], "share_of_jobs": 0.1, "starvation_incidents": 0},
         "kinds": [{**figures, "kind": "k<1>", "share_of_jobs": 1.0}],
         "kinds_total": 1,
         "starvation": [

@@ -121,3 +121,123 @@ def test_an_unreachable_master_is_one_line_at_once(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert done.stderr == f"fairqueue: error: cannot reach the Spark master 127.0.0.1:{port}: Connection refused\n"
     assert not (tmp_path / "out").exists()
+
+
+# -- Java: PySpark 4 needs Java 17+, checked before Spark starts -----------------------------------------
+
+
+def _path_without_java(tmp_path: Path) -> str:
+    """A PATH with every program of this one except ``java`` (links in one directory)."""
+    shown = tmp_path / "path-without-java"
+    shown.mkdir()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not directory or not Path(directory).is_dir():
+            continue
+        for entry in Path(directory).iterdir():
+            if entry.name != "java" and not (shown / entry.name).exists():
+                (shown / entry.name).symlink_to(entry)
+    return str(shown)
+
+
+def _java_home(tmp_path: Path, version_line: str) -> Path:
+    """A directory like a JDK's, whose bin/java only prints ``version_line`` as ``java -version`` does."""
+    home = tmp_path / "old-jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho '{version_line}' >&2\necho 'OpenJDK Runtime Environment' >&2\n")
+    java.chmod(0o755)
+    return home
+
+
+def _report_without_spark(tmp_path: Path, **env: str | None) -> subprocess.CompletedProcess[str]:
+    """``fairqueue report`` in its own process with ``env`` changed (None: unset); nothing to read, so it can
+    only fail when it starts Spark."""
+    environment = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    environment.pop("PYSPARK_GATEWAY_PORT", None)
+    for name, value in env.items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    (tmp_path / "archive").mkdir(exist_ok=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fairqueue",
+            "report",
+            "--from",
+            str(tmp_path / "archive"),
+            "--out",
+            str(tmp_path / "out"),
+            "--master",
+            "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_no_java_is_one_line_naming_java_17_before_spark_starts(tmp_path: Path) -> None:
+    hint = (
+        "install Java 17+ (e.g. apt-get install openjdk-17-jre-headless) and set JAVA_HOME to its directory or put "
+        "its bin/java first on PATH"
+    )
+    done = _report_without_spark(tmp_path, PATH=_path_without_java(tmp_path), JAVA_HOME=None)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "fairqueue: error: PySpark needs Java 17 or later, but no Java was found (JAVA_HOME is not set and there is "
+        f"no java on PATH): {hint}\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+    # JAVA_HOME wins over PATH, as in Spark's launch scripts: one without bin/java is named
+    empty_home = tmp_path / "not-a-jdk"
+    empty_home.mkdir()
+    done = _report_without_spark(tmp_path, JAVA_HOME=str(empty_home))
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"fairqueue: error: PySpark needs Java 17 or later, but JAVA_HOME={empty_home} has no bin/java: {hint}\n"
+    )
+
+
+def test_java_11_is_one_line_naming_java_17_before_spark_starts(tmp_path: Path) -> None:
+    home = _java_home(tmp_path, 'openjdk version "11.0.22" 2024-01-16')
+    java = home / "bin" / "java"
+    expected = (
+        f'fairqueue: error: PySpark needs Java 17 or later, but {java} is Java 11 (openjdk version "11.0.22" '
+        "2024-01-16): install Java 17+ (e.g. apt-get install openjdk-17-jre-headless) and set JAVA_HOME to its "
+        "directory or put its bin/java first on PATH\n"
+    )
+    on_path = f"{home / 'bin'}{os.pathsep}{_path_without_java(tmp_path)}"
+    for env in ({"JAVA_HOME": str(home)}, {"JAVA_HOME": None, "PATH": on_path}):
+        done = _report_without_spark(tmp_path, **env)
+        assert done.returncode == 2, env
+        assert done.stderr == expected, env
+        assert not (tmp_path / "out").exists()
+
+
+def test_java_versions_are_read_as_java_prints_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fairqueue.spark.errors import spark_failure
+    from fairqueue.spark.session import check_java, java_major
+
+    assert java_major('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment') == 17
+    assert java_major('openjdk version "21" 2023-09-19') == 21
+    assert java_major('openjdk version "25-ea" 2025-09-16') == 25
+    assert java_major('java version "1.8.0_392"') == 8
+    assert java_major("Error: could not find libjava.so") is None
+    monkeypatch.setenv("JAVA_HOME", str(_java_home(tmp_path, 'java version "1.8.0_392"')))
+    with pytest.raises(ConfigurationError, match=r"PySpark needs Java 17 or later, but .* is Java 8 "):
+        check_java()
+    # should Spark's JVM still not start, its one line says what it needs
+    from pyspark.errors import PySparkRuntimeError
+
+    exited = PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+    assert spark_failure(exited).endswith(
+        "(PySpark needs Java 17 or later: install Java 17+ (e.g. apt-get install "
+        "openjdk-17-jre-headless) and set JAVA_HOME to its directory or put its "
+        "bin/java first on PATH)"
+    )

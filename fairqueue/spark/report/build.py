@@ -45,6 +45,7 @@ class Report:
     summary: dict[str, Any]
     page: dict[str, Any]
     cached: list[DataFrame] = field(default_factory=list, repr=False)
+    notes: tuple[str, ...] = ()  # for the user, e.g. that there is no archive yet (the command prints them)
 
     def close(self) -> None:
         """Frees the cached DataFrames (the tables can still be computed again from the sources)."""
@@ -56,17 +57,19 @@ class Report:
 def build_report(
     spark: SparkSession,
     *,
-    source: str,
+    source: str | None = None,
     since: datetime | str | None = None,
     until: datetime | str | None = None,
     window: str | float = DEFAULT_WINDOW,
     starvation_threshold: str | float = DEFAULT_THRESHOLD,
     database_url: str | None = None,
 ) -> Report:
-    """Computes the report over the archive at ``source`` (plus the live ``fairqueue.completed_job`` of
-    ``database_url``, if given) for attempts with ``since <= event time < until``.
+    """Computes the report over the archive at ``source`` and/or the live ``fairqueue.completed_job`` of
+    ``database_url`` for attempts with ``since <= event time < until``. With ``database_url`` the archive may be
+    left out (None), missing or empty: nothing archived yet.
 
-    Raises :class:`ReportError` for bad input: no archive, no attempts in the period, a bad window.
+    Raises :class:`ReportError` for bad input: neither source, no archive without ``database_url``, no attempts
+    in the period, a bad window.
     """
     params = report_params(
         source=source,
@@ -76,10 +79,10 @@ def build_report(
         starvation_threshold=starvation_threshold,
         database_url=database_url,
     )
-    history = read_history(spark, source, database_url, params.since)
-    attempts = keep(attempts_frame(history, params), compact=database_url is not None)
+    history = read_history(spark, params, database_url)
+    attempts = keep(attempts_frame(history.attempts, params), compact=database_url is not None)
     cached = [attempts]
-    report = Report(params=params, tables={}, summary={}, page={}, cached=cached)
+    report = Report(params=params, tables={}, summary={}, page={}, cached=cached, notes=history.notes)
     try:
         _compute(spark, report, attempts)
     except BaseException:
@@ -109,7 +112,8 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
             if params.since or params.until
             else ""
         )
-        raise ReportError(f"nothing to report: the archive at {params.source} holds no attempts{between}")
+        holds = "hold" if params.source is not None and params.live is not None else "holds"
+        raise ReportError(f"nothing to report: {params.sources()} {holds} no attempts{between}")
     period_start_us = to_micros(params.since) if params.since else int(overall["first_window_us"])
     period_end_us = to_micros(params.until) if params.until else int(overall["last_window_us"]) + w_us
     period = (period_start_us, period_end_us)
@@ -212,7 +216,17 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         "starvation": starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
     }
     report.page = page_data(
-        params, report.summary, attempts, channels, kinds, fairness_rows, starvation, islands, period
+        params,
+        report.summary,
+        attempts,
+        channels,
+        kinds,
+        fairness_rows,
+        least_fair,
+        starvation,
+        islands,
+        period,
+        notes=report.notes,
     )
 
 

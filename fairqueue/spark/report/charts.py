@@ -39,10 +39,12 @@ class _Frame:
     def x(self, micros: float) -> float:
         return LEFT + (micros - self.x0) / (self.x1 - self.x0) * self.plot_w
 
-    def open(self, label: str) -> list[str]:
+    def open(self, label: str, window_us: int) -> list[str]:
+        """The chart's ``<svg>``; ``data-window-seconds`` is the length of its windows (the report's window or,
+        with many windows, a multiple of it used by the charts only)."""
         return [
             f'<svg viewBox="0 0 {WIDTH} {self.height}" role="img" aria-label="{escape(label, quote=True)}" '
-            'xmlns="http://www.w3.org/2000/svg">'
+            f'data-window-seconds="{attr(window_us / 1e6)}" xmlns="http://www.w3.org/2000/svg">'
         ]
 
     def time_axis(self) -> list[str]:
@@ -132,7 +134,7 @@ def wait_chart(page: dict[str, Any], groups: Groups) -> str:
         return TOP + (1 - (math.log10(v) - a) / (b - a)) * frame.plot_h
 
     ticks = [(y(t), readable(t)) for t in _LOG_TICKS if 10.0**a * 0.999 <= t <= 10.0**b * 1.001]
-    out = frame.open("queue wait per channel over time")
+    out = frame.open("queue wait per channel over time", cw)
     out += frame.y_grid(ticks, "queue wait (log scale)")
     out += frame.time_axis()
     ty = y(threshold)
@@ -193,7 +195,7 @@ def share_chart(page: dict[str, Any], groups: Groups) -> str:
     def y(share: float) -> float:
         return TOP + (1 - share) * frame.plot_h
 
-    out = frame.open("share of throughput per channel per window")
+    out = frame.open("share of throughput per channel per window", cw)
     out += frame.y_grid([(y(s / 4), f"{s * 25}%") for s in range(5)], "share of jobs finished")
     out += frame.time_axis()
     for start in axis:
@@ -229,7 +231,7 @@ def fairness_chart(page: dict[str, Any]) -> str:
     def y(value: float) -> float:
         return TOP + (1 - value) * frame.plot_h
 
-    out = frame.open("Jain's fairness index per window")
+    out = frame.open("Jain's fairness index per window", cw)
     for start in axis:  # shade windows with starvation incidents first, behind everything
         row = rows.get(start)
         if row is not None and row["starvation_incidents"]:

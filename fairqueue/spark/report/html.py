@@ -3,8 +3,10 @@ or stylesheet from elsewhere) rendered from the plain Python data of :mod:`.page
 test. The charts are :mod:`.charts`'; this module holds the headline figures, the findings, the tables and
 the page around them.
 
-Every number shown also sits, unrounded, in a ``data-value`` attribute next to what it describes
-(``data-kpi``, ``data-col``, ``data-series``, ``data-channel``, ``data-window``), for tools and tests.
+Every figure shown also sits, unrounded, in a ``data-value`` attribute next to what it describes
+(``data-kpi``: a ``summary`` name; ``data-col``: a column of the row named around it by ``data-channel``,
+``data-kind``, ``data-window`` or ``data-job-id``; ``data-series``: a chart mark), for tools and tests. The
+headline, the findings and the tables show the report's own figures; only the charts may use longer windows.
 Names (channels, kinds) are escaped everywhere: they are whatever producers chose.
 """
 
@@ -120,49 +122,105 @@ def _starvation_table(page: dict[str, Any], groups: Groups) -> str:
 
 
 def _kpi(key: str, value: Any, text: str, caption: str, *, bad: bool = False) -> str:
+    """A headline figure; ``caption`` is HTML (its numbers are :func:`_summary_number`'s)."""
     cls = "kpi bad" if bad else "kpi"
     return (
         f'<div class="{cls}" data-kpi="{key}" data-value="{attr(value)}"><div class="value">{escape(text)}</div>'
-        f'<div class="caption">{escape(caption)}</div></div>'
+        f'<div class="caption">{caption}</div></div>'
     )
 
 
+def _summary_number(key: str, value: Any, text: str, tag: str = "span") -> str:
+    """A number of ``summary`` shown in a sentence, with its name and unrounded value."""
+    return f'<{tag} data-kpi="{key}" data-value="{attr(value)}">{escape(text)}</{tag}>'
+
+
+def _row_number(column: str, value: Any, text: str) -> str:
+    """A number of a table's row (the one its finding names) shown in a sentence, with its column and value."""
+    return f'<b data-col="{column}" data-value="{attr(value)}">{escape(text)}</b>'
+
+
+def _finding(name: str, row: str, body: str) -> str:
+    """One finding: ``data-finding`` names it, ``row`` (attributes) says which table row its numbers are of."""
+    return f'<li data-finding="{name}"{" " + row if row else ""}>{body}</li>'
+
+
 def _findings(page: dict[str, Any]) -> list[str]:
+    """The findings, read from the report's own figures (``summary``, the ``channels``, ``fairness_windows`` and
+    ``starvation`` tables), never from the charts' windows."""
     s = page["summary"]
     found = []
     slow = [r for r in page["channels"] if r["wait_p95_s"] is not None]
     if slow and len(page["channels"]) > 1:
         worst = slow[0]
         found.append(
-            f"Slowest channel: <b>{escape(worst['channel'])}</b>, p95 queue wait "
-            f"<b>{readable(worst['wait_p95_s'])}</b> (all channels: {readable(s['wait_p95_s'])})."
+            _finding(
+                "slowest_channel",
+                f'data-channel="{attr(worst["channel"])}"',
+                f"Slowest channel: <b>{escape(worst['channel'])}</b>, p95 queue wait "
+                f"{_row_number('wait_p95_s', worst['wait_p95_s'], readable(worst['wait_p95_s']))} (all channels: "
+                f"{_summary_number('wait_p95_s', s['wait_p95_s'], readable(s['wait_p95_s']))}).",
+            )
         )
-    fair = [r for r in page["fairness"] if r["jain_index"] is not None and r["backlogged_channels"] > 1]
-    if fair:
-        least = min(fair, key=lambda r: (r["jain_index"], r["chart_us"]))
+    least = page.get("least_fair")
+    if least is not None and least["backlogged_channels"] > 1:
         found.append(
-            f"Least fair window: {fmt_time(from_micros(least['chart_us']))}, Jain's index "
-            f"<b>{float(least['jain_index']):.2f}</b> across {least['backlogged_channels']} backlogged channels; "
-            f"<b>{escape(str(least['top_channel']))}</b> finished {fmt_rate(least['top_share'])} of the jobs."
+            _finding(
+                "least_fair_window",
+                f'data-window="{iso(least["window_us"])}"',
+                f"Least fair window: {fmt_time(from_micros(least['window_us']))} ({readable(page['window_seconds'])}), "
+                "Jain's index "
+                f"{_row_number('jain_index', least['jain_index'], fmt_number(least['jain_index'], 3))} across "
+                f"{_row_number('backlogged_channels', least['backlogged_channels'], str(least['backlogged_channels']))}"
+                f" backlogged channels; <b>{escape(str(least['top_channel']))}</b> finished "
+                f"{_row_number('top_share', least['top_share'], fmt_rate(least['top_share']))} of the jobs.",
+            )
         )
-    failing = [r for r in page["channels"] if r["failure_rate"]]
-    if failing:
-        worst = max(failing, key=lambda r: (r["failure_rate"], r["jobs"]))
+    elif least is not None:  # every window scored 1 (one backlogged channel at most, or equal service)
         found.append(
-            f"Most failures: <b>{escape(worst['channel'])}</b>, {fmt_rate(worst['failure_rate'])} of its jobs failed "
-            f"and {fmt_rate(worst['retry_rate'])} needed more than one attempt."
+            _finding(
+                "least_fair_window",
+                f'data-window="{iso(least["window_us"])}"',
+                "Fair throughout: Jain's index "
+                f"{_row_number('jain_index', least['jain_index'], fmt_number(least['jain_index'], 3))} in every "
+                "window (the channels kept waiting, if any, were served equally).",
+            )
+        )
+    worst_failing = page.get("most_failures")
+    if worst_failing is not None:
+        found.append(
+            _finding(
+                "most_failures",
+                f'data-channel="{attr(worst_failing["channel"])}"',
+                f"Most failures: <b>{escape(worst_failing['channel'])}</b>, "
+                f"{_row_number('failure_rate', worst_failing['failure_rate'], fmt_rate(worst_failing['failure_rate']))}"
+                " of its jobs failed and "
+                f"{_row_number('retry_rate', worst_failing['retry_rate'], fmt_rate(worst_failing['retry_rate']))} "
+                "needed more than one attempt.",
+            )
         )
     if page["starvation"]:
         top = page["starvation"][0]
+        incidents, starved, others = s["starvation_incidents"], s["starved_channels"], top["other_channels_served"]
         found.append(
-            f"Starvation: {s['starvation_incidents']:,} incident(s) in {s['starved_channels']} channel(s); the worst, "
-            f"job {top['job_id']} of <b>{escape(top['channel'])}</b>, waited <b>{readable(top['wait_s'])}</b> "
-            f"while {top['other_channels_served']} other channel(s) were served."
+            _finding(
+                "starvation",
+                f'data-job-id="{top["job_id"]}" data-attempt="{top["attempt"]}"',
+                f"Starvation: {_summary_number('starvation_incidents', incidents, f'{incidents:,}')} incident(s) in "
+                f"{_summary_number('starved_channels', starved, str(starved))} channel(s); the worst, job "
+                f"{_row_number('job_id', top['job_id'], str(top['job_id']))} of <b>{escape(top['channel'])}</b>, "
+                f"waited {_row_number('wait_s', top['wait_s'], readable(top['wait_s']))} while "
+                f"{_row_number('other_channels_served', others, str(others))} other channel(s) were served.",
+            )
         )
     else:
         found.append(
-            f"No starvation: no channel's head job waited over {readable(page['threshold_seconds'])} while "
-            "other channels were served."
+            _finding(
+                "starvation",
+                "",
+                f"No starvation: no channel's head job waited over {readable(page['threshold_seconds'])} while "
+                "other channels were served.",
+            )
         )
     return found
 
@@ -218,11 +276,17 @@ def render_html(page: dict[str, Any]) -> str:
     threshold = float(page["threshold_seconds"])
     window = readable(page["window_seconds"])
     chart_window = readable(page["chart_window_seconds"])
-    sources = escape(page["source"]) + (
-        f" + live table of {escape(page['live_database'])}" if page.get("live_database") else ""
-    )
+    read = [escape(page["source"])] if page.get("source") else []
+    if page.get("live_database"):
+        read.append(f"live table of {escape(page['live_database'])}")
+    sources = " + ".join(read)
     kpis = [
-        _kpi("jobs", s["jobs"], fmt_number(s["jobs"]), f"jobs finished · {fmt_number(s['attempts'])} attempts"),
+        _kpi(
+            "jobs",
+            s["jobs"],
+            fmt_number(s["jobs"]),
+            f"jobs finished · {_summary_number('attempts', s['attempts'], fmt_number(s['attempts']))} attempts",
+        ),
         _kpi("throughput_per_s", s["throughput_per_s"], fmt_throughput(s["throughput_per_s"]), "average throughput"),
         _kpi("wait_p50_s", s["wait_p50_s"], readable(s["wait_p50_s"]), "queue wait p50"),
         _kpi(
@@ -243,7 +307,7 @@ def render_html(page: dict[str, Any]) -> str:
             "run_p95_s",
             s["run_p95_s"],
             readable(s["run_p95_s"]),
-            f"run time p95 · p50 {readable(s['run_p50_s'])}",
+            f"run time p95 · p50 {_summary_number('run_p50_s', s['run_p50_s'], readable(s['run_p50_s']))}",
         ),
         _kpi(
             "failure_rate",
@@ -257,19 +321,32 @@ def render_html(page: dict[str, Any]) -> str:
             "jain_mean",
             s["jain_mean"],
             fmt_number(s["jain_mean"], 3),
-            f"fairness (Jain), mean per window · min {fmt_number(s['jain_min'], 3)}",
+            "fairness (Jain), mean per window · min "
+            + _summary_number("jain_min", s["jain_min"], fmt_number(s["jain_min"], 3)),
         ),
         _kpi(
             "starvation_incidents",
             s["starvation_incidents"],
             fmt_number(s["starvation_incidents"]),
-            f"starvation incidents in {s['starved_channels']} channel(s)",
+            "starvation incidents in "
+            + _summary_number("starved_channels", s["starved_channels"], str(s["starved_channels"]))
+            + " channel(s)",
             bad=s["starvation_incidents"] > 0,
         ),
     ]
+    coarse = page["chart_window_seconds"] != page["window_seconds"]
+    # chart-only: with more than MAX_CHART_WINDOWS windows the charts use a multiple of the window; the headline,
+    # the findings and the tables never do
     coarser = (
-        f" The charts use {chart_window} windows (the tables use {window}) to stay readable."
-        if page["chart_window_seconds"] != page["window_seconds"]
+        f" The charts use {chart_window} windows (the tables use {window}) to stay readable: their points are "
+        f"figures of those {chart_window} windows, computed for the charts only."
+        if coarse
+        else ""
+    )
+    coarser_fairness = (
+        f" Drawn over {chart_window} windows to stay readable: each point is Jain's index of such a window, "
+        f"computed for this chart only, not the {window} windows of the headline, the findings and the tables."
+        if coarse
         else ""
     )
     many = (
@@ -289,16 +366,18 @@ def render_html(page: dict[str, Any]) -> str:
         f"<style>{_CSS}</style></head><body><main>",
         "<h1>fairqueue: fairness and SLA report</h1>",
         f'<p class="sub">{escape(period)} · '
-        f"{s['channels']} channels · {s['kinds']} kinds · {window} windows · from {sources}</p>",
+        f"{_summary_number('channels', s['channels'], str(s['channels']))} channels · "
+        f"{_summary_number('kinds', s['kinds'], str(s['kinds']))} kinds · {window} windows · from {sources}</p>",
+        *(f'<p class="note">{escape(note)}.</p>' for note in page.get("notes", ())),
         f'<div class="kpis">{"".join(kpis)}</div>',
-        '<section><h2>Findings</h2><ul class="findings">'
-        + "".join(f"<li>{f}</li>" for f in _findings(page))
-        + "</ul></section>",
+        '<section><h2>Findings</h2><ul class="findings">' + "".join(_findings(page)) + "</ul></section>",
         '<section id="wait-chart"><h2>Queue wait per channel</h2>'
         f'<p class="note">Time from ready to started, p50 and p95 of the attempts that started in each window; '
         f"log scale.{coarser}{many}</p>" + wait_chart(page, groups) + "</section>",
         '<section id="share-chart"><h2>Share of throughput per channel</h2>'
-        '<p class="note">Jobs finished (final attempts) per channel as a share of each window&#39;s total.</p>'
+        '<p class="note">Jobs finished (final attempts) per channel as a share of each window&#39;s total.'
+        + (f" Each bar is a {chart_window} window." if coarse else "")
+        + "</p>"
         + share_chart(page, groups)
         + "</section>",
         '<section id="fairness-chart"><h2>Fairness over time</h2>'
@@ -307,7 +386,7 @@ def render_html(page: dict[str, Any]) -> str:
         + readable(page.get("backlog_tolerance_seconds", 1.0))
         + "): 1 when they were served equally, whatever the channels that were not kept waiting got. A window where "
         "no channel was kept waiting scores 1. The index over every active channel's share of the jobs is in the "
-        "fairness_windows table (share_jain_index).</p>" + fairness_chart(page) + "</section>",
+        f"fairness_windows table (share_jain_index).{coarser_fairness}</p>" + fairness_chart(page) + "</section>",
         '<section><h2>Channels, slowest first</h2><p class="note">'
         + (
             f"The {shown_channels} channels with the longest p95 queue wait of {s['channels']}."

@@ -239,7 +239,7 @@ def run_command(args: Any) -> int:
     }
     # check the options, the database and a local output before starting Spark
     report_params(**params)
-    if not is_uri(args.source) and not Path(args.source).exists():
+    if args.source is not None and database_url is None and not is_uri(args.source) and not Path(args.source).exists():
         raise ReportError(f"no archive at {args.source}: no such file or directory")
     if database_url is not None:
         check_live_database(database_url)
@@ -268,4 +268,6 @@ def run_command(args: Any) -> int:
     print(f"          and CSV ({_parent(written['csv/summary.csv'])}/<table>.csv)")
     for line in headline(report.summary):
         print(line)
+    for note in report.notes:
+        print(f"note: {note}")
     return 0

@@ -1,7 +1,9 @@
 """Everything the HTML page shows, collected from Spark into plain Python (bounded in size whatever the data),
-the last step of :func:`~fairqueue.spark.report.build.build_report`. The charts use the report's window, or a
-multiple of it when there would be more than :data:`MAX_CHART_WINDOWS`; they name the busiest and slowest
-channels and draw the rest as "other". :mod:`.html` renders the result without Spark."""
+the last step of :func:`~fairqueue.spark.report.build.build_report`. The headline, the findings and the page's
+tables are the report's own figures (``summary``, its tables' rows): computed once, shown as they are. Only the
+charts may differ: they use the report's window, or a multiple of it when there would be more than
+:data:`MAX_CHART_WINDOWS` (the page says so), and name the busiest and slowest channels and draw the rest as
+"other". :mod:`.html` renders the result without Spark."""
 
 from __future__ import annotations
 
@@ -50,12 +52,16 @@ def page_data(
     channels: DataFrame,
     kinds: DataFrame,
     fairness_rows: list[dict[str, Any]],
+    least_fair: dict[str, Any] | None,
     starvation: DataFrame,
     islands: DataFrame,
     period: tuple[int, int],
+    *,
+    notes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Everything the HTML page shows, collected, from the report's attempts, tables and headline numbers
-    (``summary``); ``period`` is (start, end) in Unix microseconds."""
+    (``summary``); ``least_fair`` is the ``fairness_windows`` row of ``summary``'s least fair window (the findings
+    name it), ``period`` is (start, end) in Unix microseconds; ``notes`` for the reader (e.g. no archive yet)."""
     from pyspark.sql import functions as F
 
     period_start_us, period_end_us = period
@@ -103,6 +109,7 @@ def page_data(
         "generated_at": datetime.now(UTC),
         "source": params.source,
         "live_database": params.live,
+        "notes": list(notes),
         "since": params.since,
         "until": params.until,
         "window_seconds": params.window_seconds,
@@ -118,6 +125,17 @@ def page_data(
         "fairness": sorted(fairness, key=lambda r: r["chart_us"]),
         "channels": rows(
             channels.orderBy(F.desc_nulls_last("wait_p95_s"), F.desc("jobs"), "channel").limit(TABLE_ROWS)
+        ),
+        "least_fair": least_fair,  # the findings: of the report's windows, never of the charts'
+        "most_failures": next(
+            iter(
+                rows(
+                    channels.where(F.col("failure_rate") > 0)
+                    .orderBy(F.desc("failure_rate"), F.desc("jobs"), "channel")
+                    .limit(1)
+                )
+            ),
+            None,
         ),
         "kinds": rows(kinds.orderBy(F.desc("jobs"), "kind").limit(TABLE_ROWS)),
         "kinds_total": int(summary["kinds"]),

@@ -16,7 +16,8 @@ MICROS = 1_000_000  # microseconds in a second
 
 
 class ReportError(FairqueueError, ValueError):
-    """Bad report input: no archive, an empty one, a bad window, period or threshold."""
+    """Bad report input: no source, no archive (or an empty one) without the live table, a bad window, period or
+    threshold."""
 
 
 def parse_duration(text: str | float, *, what: str = "duration") -> float:
@@ -63,7 +64,7 @@ def from_micros(micros: int) -> datetime:
 class ReportParams:
     """The checked options of one report (:func:`report_params`)."""
 
-    source: str
+    source: str | None  # the archive's root (None: the live table only)
     since: datetime | None
     until: datetime | None
     window_seconds: float
@@ -78,10 +79,17 @@ class ReportParams:
     def threshold_us(self) -> int:
         return max(1, round(self.threshold_seconds * MICROS))
 
+    def sources(self) -> str:
+        """What the report reads, for people: "the archive at ..." and/or "the live table of ..."."""
+        read = [f"the archive at {self.source}"] if self.source is not None else []
+        if self.live is not None:
+            read.append(f"the live table of {self.live}")
+        return " and ".join(read)
+
 
 def report_params(
     *,
-    source: str,
+    source: str | None,
     since: datetime | str | None,
     until: datetime | str | None,
     window: str | float,
@@ -92,6 +100,8 @@ def report_params(
     """The checked options of a report; :class:`ReportError` says what is wrong with them."""
     from fairqueue.urls import redact, to_libpq
 
+    if source is None and database_url is None:
+        raise ReportError("nothing to read: give the archive (--from PATH), the live table (--include-live), or both")
     now = now or datetime.now(UTC)
     start = None if since is None else parse_when(since, now=now, what="--since")
     end = None if until is None else parse_when(until, now=now, what="--until")

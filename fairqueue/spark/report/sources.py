@@ -1,7 +1,8 @@
 """Where the report's rows come from: the Parquet archive of ``fairqueue archive``
-(``{root}/day=YYYY-MM-DD/outcome=<outcome>/part-*.parquet``, one row per finished attempt) and, optionally,
-the live ``fairqueue.completed_job`` table read over JDBC; rows found in both are counted once (same
-``job_id, attempt, outcome, finished_at``: the table's primary key). The second step of ``fairqueue report``,
+(``{root}/day=YYYY-MM-DD/outcome=<outcome>/part-*.parquet``, one row per finished attempt), the live
+``fairqueue.completed_job`` table read over JDBC, or both; rows found in both are counted once (same
+``job_id, attempt, outcome, finished_at``: the table's primary key). With the live table, the archive may be
+missing or empty (nothing archived yet). The second step of ``fairqueue report``,
 after :mod:`.params`; it ends with the *attempts frame* that the figures, fairness and starvation steps read.
 
 Every attempt belongs to the time window holding its *event time*: ``started_at``, or ``finished_at`` for an
@@ -12,6 +13,7 @@ event time (``since <= event < until``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from psycopg import sql
 
 from fairqueue.outcomes import HISTORY_OUTCOMES
 from fairqueue.spark.errors import spark_message
-from fairqueue.spark.report.params import MICROS, ReportError, ReportParams, to_micros
+from fairqueue.spark.report.params import MICROS, ReportError, ReportParams, from_micros, to_micros
 from fairqueue.sql import Q
 from fairqueue.text import one_line
 
@@ -44,35 +46,71 @@ COLUMNS: dict[str, str] = {
 KEY = ("job_id", "attempt", "outcome", "finished_at")  # completed_job's primary key
 
 
-def read_history(spark: SparkSession, source: str, database_url: str | None, since: datetime | None) -> DataFrame:
-    """The attempts of the archive at ``source`` finished at or after ``since``, plus those of the live table of
-    ``database_url`` if given, each once, in the archive's :data:`COLUMNS`."""
-    df = read_archive(spark, source, since)
-    if database_url is not None:
-        live = read_live(spark, database_url, since)
-        if live is not None:
-            # an attempt may be in both (archived, not yet dropped from the live table): count it once
-            df = df.unionByName(live).dropDuplicates(list(KEY))
-    return df
+@dataclass(frozen=True)
+class History:
+    """What :func:`read_history` read: the attempts, in :data:`COLUMNS`, and notes for the user (e.g. that there
+    is no archive yet, so the report covers the live table only)."""
+
+    attempts: DataFrame
+    notes: tuple[str, ...] = ()
 
 
-def read_archive(spark: SparkSession, source: str, since: datetime | None) -> DataFrame:
-    """The Parquet archive at ``source``; :class:`ReportError` when there is none, it is empty or not an archive."""
+def read_history(spark: SparkSession, params: ReportParams, database_url: str | None) -> History:
+    """The attempts finished at or after ``params.since`` of the archive at ``params.source`` (if given) and of
+    the live table of ``database_url`` (if given), each attempt once.
+
+    With the live table, the archive may be missing or empty (a new deployment: nothing is old enough to be
+    archived yet): the report then covers the live table alone. An attempt can be in both (its day was copied to
+    the archive but not dropped yet: an archive run interrupted between the copy and the drop, or a drop that
+    did not get its lock); its live row, same :data:`KEY` (the table's primary key), is left out."""
+    archive = None
+    notes: list[str] = []
+    if params.source is not None:
+        archive = open_archive(spark, params.source, missing_ok=database_url is not None)
+        if archive is None:
+            notes.append(f"nothing archived at {params.source} yet: the report covers the live table only")
+    live = None if database_url is None else read_live(spark, database_url, params.since)
+    if archive is None and live is None:
+        empty = spark.createDataFrame([], ", ".join(f"{name} {kind}" for name, kind in COLUMNS.items()))
+        return History(empty, tuple(notes))
+    if archive is None:
+        assert live is not None
+        return History(live[0], tuple(notes))
+    attempts = archive_attempts(archive, params.since)
+    if live is not None:
+        rows, first_finished = live
+        # only archived attempts that finished no earlier than the live table's first can be in both
+        archived = archive_attempts(archive, from_micros(first_finished)).select(*KEY)
+        attempts = attempts.unionByName(rows.join(archived, on=list(KEY), how="left_anti"))
+    return History(attempts, tuple(notes))
+
+
+def open_archive(spark: SparkSession, source: str, *, missing_ok: bool = False) -> DataFrame | None:
+    """The Parquet archive at ``source``, as Spark reads it (all its columns, ``day`` and ``outcome`` from the
+    directories). No archive there, or one without Parquet files: :class:`ReportError`, or None if
+    ``missing_ok``. Parquet files that are not an archive: :class:`ReportError`."""
     from pyspark.errors import AnalysisException
-    from pyspark.sql import functions as F
 
     if "://" not in source and not source.startswith("file:"):
         path = Path(source)
         if not path.exists():
+            if missing_ok:
+                return None
             raise ReportError(f"no archive at {source}: no such file or directory")
         if path.is_dir() and not any(p.is_file() and p.suffix == ".parquet" for p in path.rglob("*")):
+            if missing_ok:
+                return None
             raise ReportError(f"the archive at {source} is empty: no Parquet files in it (run fairqueue archive)")
     try:
         df = spark.read.parquet(source)
     except AnalysisException as exc:
         if "UNABLE_TO_INFER_SCHEMA" in str(exc) or "Unable to infer schema" in str(exc):
+            if missing_ok:
+                return None
             raise ReportError(f"the archive at {source} is empty: no Parquet files in it") from None
         if "PATH_NOT_FOUND" in str(exc):
+            if missing_ok:
+                return None
             raise ReportError(f"no archive at {source}: no such path") from None
         raise ReportError(f"cannot read the archive at {source}: {spark_message(exc)}") from None
     missing = [name for name in COLUMNS if name not in df.columns]
@@ -81,6 +119,14 @@ def read_archive(spark: SparkSession, source: str, since: datetime | None) -> Da
             f"{source} is not a fairqueue archive: it lacks the column{'s' if len(missing) > 1 else ''} "
             + ", ".join(missing)
         )
+    return df
+
+
+def archive_attempts(archive: DataFrame, since: datetime | None) -> DataFrame:
+    """The attempts of an :func:`open_archive` frame that finished at or after ``since``, in :data:`COLUMNS`."""
+    from pyspark.sql import functions as F
+
+    df = archive
     if since is not None:
         # partition pruning: an attempt's event time is at most its finish, and day is the finish's UTC day
         # (a day of slack in case the archive was written with another time zone)
@@ -90,8 +136,9 @@ def read_archive(spark: SparkSession, source: str, since: datetime | None) -> Da
     return df.select(*(F.col(name).cast(kind).alias(name) for name, kind in COLUMNS.items()))
 
 
-def read_live(spark: SparkSession, database_url: str, since: datetime | None) -> DataFrame | None:
-    """``fairqueue.completed_job`` over JDBC, split by ``job_id`` into parallel reads; None when empty."""
+def read_live(spark: SparkSession, database_url: str, since: datetime | None) -> tuple[DataFrame, int] | None:
+    """``fairqueue.completed_job`` over JDBC, split by ``job_id`` into parallel reads, and the first
+    ``finished_at`` in it (Unix microseconds); None when it has no rows finished at or after ``since``."""
     from pyspark.sql import functions as F
 
     from fairqueue.spark.session import jdbc_target
@@ -124,7 +171,8 @@ def read_live(spark: SparkSession, database_url: str, since: datetime | None) ->
     )
     if since is not None:
         df = df.where(F.col("finished_at") >= F.lit(since))  # pushed down to PostgreSQL
-    return df.select(*(F.col(name).cast(kind).alias(name) for name, kind in COLUMNS.items()))
+    rows = df.select(*(F.col(name).cast(kind).alias(name) for name, kind in COLUMNS.items()))
+    return rows, int(bounds["first_finished_us"])
 
 
 def check_live_database(database_url: str) -> None:

@@ -87,8 +87,11 @@ SELECT 1 FROM fairqueue.completed_job LIMIT 0
 
 -- name: history_live_bounds
 -- job_id bounds and rows of the live history since {since} (a timestamptz Literal), for partitioned
--- JDBC reads.
-SELECT min(job_id) AS lo, max(job_id) AS hi, count(*) AS n FROM fairqueue.completed_job WHERE finished_at >= {since}
+-- JDBC reads, and its first finished_at in Unix microseconds (only archived rows from then on can also
+-- be live ones).
+SELECT min(job_id) AS lo, max(job_id) AS hi, count(*) AS n,
+       (extract(epoch FROM min(finished_at)) * 1000000)::bigint AS first_finished_us
+FROM fairqueue.completed_job WHERE finished_at >= {since}
 
 -- name: history_live_rows
 -- The live history as a JDBC table; Spark pushes its filters down into it.

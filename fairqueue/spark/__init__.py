@@ -1,6 +1,6 @@
 """fairqueue's data pipeline on Spark (PySpark): history archive, analytics, bulk enqueue.
 
-Needs the ``spark`` extra (``pip install 'fairqueue[spark]'``) and PostgreSQL's JDBC driver jar
+Needs the ``spark`` extra (the wheel's ``[spark]``, or ``pip install 'pyspark>=4'``) and PostgreSQL's JDBC driver jar
 (Debian: ``apt-get install libpostgresql-jdbc-java``; elsewhere point ``FAIRQUEUE_JDBC_JAR`` at it).
 Everything runs on ``local[*]`` by default and on any cluster given ``master=`` / ``--master``.
 """

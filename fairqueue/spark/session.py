@@ -288,7 +288,9 @@ def spark_session(
     try:
         from pyspark.sql import SparkSession
     except ImportError:  # pragma: no cover - depends on the installation
-        raise ConfigurationError("PySpark is not installed: pip install 'fairqueue[spark]'") from None
+        raise ConfigurationError(
+            "PySpark is not installed: install fairqueue's wheel with the spark extra, or pip install 'pyspark>=4'"
+        ) from None
     active = SparkSession.getActiveSession()
     if active is not None:
         return active

@@ -67,7 +67,12 @@ def test_the_django_tutorial_works_in_a_fresh_virtualenv(tmp_path: Path, empty_d
     venv = tmp_path / "venv"
     env = clean_env(venv)
     run([sys.executable, "-m", "venv", str(venv)], tmp_path, env, on_page="python -m venv .venv")
-    run([str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[django]"], tmp_path, env, on_page="fairqueue[django]")
+    run(
+        [str(venv / "bin" / "pip"), "install", "-q", f"{wheel}[django]"],
+        tmp_path,
+        env,
+        on_page="fairqueue-0.1.0-py3-none-any.whl[django]",
+    )
     run(["django-admin", "startproject", "shop"], tmp_path, env, on_page="django-admin startproject shop")
     project = tmp_path / "shop"
     python = str(venv / "bin" / "python")

@@ -158,11 +158,9 @@ def test_the_readme_install_gives_a_working_fairqueue(
 
 #: `pip install fairqueue`, `pip install "fairqueue[django]"`: from the index, where fairqueue is not yet
 FROM_THE_INDEX = re.compile(r"pip install +[\"']?fairqueue(\[[a-z,]+\])?[\"']?(\s|$)", re.M)
-#: pages being changed in other branches of this round, which still install from the index
-NOT_YET = {"docs/guide.md", "docs/django.md", "docs/pipeline.md"}
 
 
 def test_no_page_installs_fairqueue_from_the_index() -> None:
     pages = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "examples").rglob("*.md")]
     offenders = sorted(str(p.relative_to(REPO)) for p in pages if FROM_THE_INDEX.search(p.read_text()))
-    assert [p for p in offenders if p not in NOT_YET] == [], "install the wheel as README.md says (Installing)"
+    assert offenders == [], "install the wheel as README.md says (Installing)"

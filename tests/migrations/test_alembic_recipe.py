@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from fairqueue.sql import HEAD
+from fairqueue.sql import HEAD, previous
 from fairqueue.urls import to_sqlalchemy
 from tests.installs import REPO, clean_env, page_block, run_block
 from tests.migrations.conftest import INSTALLED
@@ -119,7 +119,7 @@ def test_the_recipe_installs_fairqueue(
         f"{fairqueue_versions(readme_install)}; yours: 0 revisions in {project / 'migrations' / 'versions'}. "
         "`alembic upgrade heads` installs or upgrades both"
     )
-    assert f"Running upgrade fq0007 -> {HEAD}," in result.stderr
+    assert f"Running upgrade {previous(HEAD)} -> {HEAD}," in result.stderr
     assert version_rows(empty_database_url) == [HEAD]
     assert schema_revision(empty_database_url) == HEAD
     assert fairqueue_version_table(empty_database_url) is None

@@ -37,6 +37,7 @@ from fairqueue._db import executor_for, psycopg_error
 from fairqueue.errors import FairqueueError, InvalidJobError, UnsupportedConnectionError
 from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked
 from fairqueue.sql import Q
+from fairqueue.tracing import trace_context
 from fairqueue.validation import check_text
 
 __all__ = ["BatchResult", "BulkEnqueueError", "bulk_enqueue"]
@@ -56,6 +57,7 @@ ALL_COLUMNS = (
     "unique_key",
     "fifo_key",
     "depends_on",
+    "priority",
 )
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
@@ -136,6 +138,7 @@ def enqueue_staged(
     kind: str | None = None,
     max_attempts: int | None = None,
     timeout: float | None = None,
+    trace_context: str | None = None,
 ) -> BatchResult:
     """COPYs ``data`` (rows of ``columns`` in COPY text format, each ending in a newline) into the
     staging table and enqueues them, as a batch of ``run_id`` if given. ``kind``, ``max_attempts``
@@ -158,6 +161,7 @@ def enqueue_staged(
         "batch_key": batch_key,
         "digest": digest,
         "call_id": call_id,
+        "trace_context": trace_context,
     }
     try:
         with conn.transaction(), conn.cursor() as cur:
@@ -212,6 +216,7 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     get("unique_key"),
                     get("fifo_key"),
                     get("after"),
+                    get("priority", 0),
                 )
             elif isinstance(spec, JobSpec):
                 job = _check(
@@ -225,6 +230,7 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     spec.unique_key,
                     spec.fifo_key,
                     spec.after,
+                    spec.priority,
                 )
             else:
                 raise InvalidJobError(f"expected a JobSpec or a mapping, got {type(spec).__name__}")
@@ -269,6 +275,7 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
         hand_over(None)
 
     ensure_stage(conn)  # begins the caller's transaction where psycopg would (see below)
+    trace = trace_context()
     helper = None
     if len(checked) == CHUNK and isinstance(jobs, Sequence):
         helper = threading.Thread(target=prepare, args=(CHUNK,), name="fairqueue-bulk-checks", daemon=True)
@@ -284,7 +291,7 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
                 dependencies = {d for job in chunk for d in (job.after or ())}
                 if dependencies:
                     _check_dependencies_exist(executor_for(conn), dependencies)
-                result = enqueue_staged(conn, data, ALL_COLUMNS)
+                result = enqueue_staged(conn, data, ALL_COLUMNS, trace_context=trace)
                 jobs_in, created = jobs_in + result.jobs, created + result.created
                 if helper is not None:
                     item = ready.get()
@@ -320,6 +327,7 @@ def _copy_text(checked: list[_Checked]) -> str:
                     escape(j.unique_key),
                     escape(j.fifo_key),
                     NULL if j.after is None else "[" + ",".join(map(str, j.after)) + "]",
+                    str(j.priority),
                 )
             )
         )
@@ -374,7 +382,14 @@ def bulk_enqueue(
     ensure_stage(conn)
     try:
         return enqueue_staged(
-            conn, data, ALL_COLUMNS, run_id=run_id, batch_key=batch_key, digest=digest, call_id=call_id
+            conn,
+            data,
+            ALL_COLUMNS,
+            run_id=run_id,
+            batch_key=batch_key,
+            digest=digest,
+            call_id=call_id,
+            trace_context=trace_context(),
         )
     except psycopg.Error as exc:
         error = psycopg_error(exc)

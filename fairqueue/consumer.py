@@ -38,6 +38,8 @@ class ClaimedJob:
     enqueued_at: datetime
     ready_at: datetime
     started_at: datetime
+    priority: int = 0  # within its channel: higher ran first
+    trace_context: dict[str, str] | None = None  # the W3C trace context current at enqueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,8 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
             enqueued_at=r[7],
             ready_at=r[8],
             started_at=r[9],
+            priority=r[10],
+            trace_context=None if r[11] is None else json.loads(r[11]),
         )
         for r in rows
     ]

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Text,
     text,
 )
@@ -108,6 +109,8 @@ class Job(Base):
     depends_on: Mapped[list[int] | None] = mapped_column(ARRAY(BigInteger))
     run_at: Mapped[datetime | None] = mapped_column(TZ)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # -100..100, higher first
+    trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)  # W3C traceparent/tracestate
 
 
 class RunningJob(Base):
@@ -115,7 +118,7 @@ class RunningJob(Base):
 
     __tablename__ = "running_job"
     __table_args__ = (
-        Index("running_job_ready_idx", "channel", "job_id", postgresql_where=text("worker_id IS NULL")),
+        Index("running_job_ready_idx", "channel", "rank", "job_id", postgresql_where=text("worker_id IS NULL")),
         Index("running_job_worker_idx", "worker_id", postgresql_where=text("worker_id IS NOT NULL")),
         {
             "postgresql_with": {
@@ -133,6 +136,7 @@ class RunningJob(Base):
     ready_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
     started_at: Mapped[datetime | None] = mapped_column(TZ)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    rank: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # minus the job's priority
 
 
 class ScheduledJob(Base):
@@ -298,6 +302,7 @@ class CompletedJob(Base):
     ready_at: Mapped[datetime | None] = mapped_column(TZ)
     started_at: Mapped[datetime | None] = mapped_column(TZ)
     finished_at: Mapped[datetime] = mapped_column(TZ)
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:

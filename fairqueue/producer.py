@@ -11,6 +11,7 @@ from fairqueue._db import Executor, executor_for
 from fairqueue.config import settings
 from fairqueue.errors import DuplicateJobError, InvalidChannelConfigError, InvalidJobError
 from fairqueue.sql import Q
+from fairqueue.tracing import trace_context
 from fairqueue.validation import (
     MAX_CHANNEL,
     check_after,
@@ -18,6 +19,7 @@ from fairqueue.validation import (
     check_max_attempts,
     check_name,
     check_optional_text,
+    check_priority,
     check_run_at,
     check_seconds,
     check_text,
@@ -42,6 +44,7 @@ class JobSpec:
     unique_key: str | None = None
     fifo_key: str | None = None
     after: Iterable[int] | None = field(default=None)
+    priority: int = 0
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per job
@@ -55,6 +58,7 @@ class _Checked:
     unique_key: str | None
     fifo_key: str | None
     after: list[int] | None
+    priority: int
 
 
 def _check(
@@ -68,6 +72,7 @@ def _check(
     unique_key: object,
     fifo_key: object,
     after: object,
+    priority: object = 0,
 ) -> _Checked:
     return _Checked(
         kind=check_name("kind", kind) if type(kind) is str else check_text("kind", kind),
@@ -83,6 +88,7 @@ def _check(
         unique_key=check_optional_text("unique_key", unique_key),
         fifo_key=check_optional_text("fifo_key", fifo_key),
         after=check_after(after),
+        priority=0 if priority == 0 and type(priority) is int else check_priority(priority),
     )
 
 
@@ -109,6 +115,7 @@ def enqueue(
     fifo_key: str | None = None,
     after: Iterable[int] | None = None,
     on_duplicate: OnDuplicate = "return",
+    priority: int = 0,
 ) -> int:
     """Adds a job in the transaction of ``db`` and returns its id.
 
@@ -122,12 +129,14 @@ def enqueue(
       (or raise :class:`DuplicateJobError` with ``on_duplicate="raise"``).
     - ``fifo_key``: jobs sharing the key run one at a time, in enqueue order.
     - ``after``: job ids that must succeed first; if one fails for good, so does this job.
+    - ``priority``: from -100 to 100 (default 0): within its channel, higher runs first, then enqueue
+      order. It never takes another channel's turn, and a FIFO key still runs in enqueue order.
 
     Bad input raises :class:`InvalidJobError` before anything is written.
     """
     if on_duplicate not in ("return", "raise"):
         raise InvalidJobError(f"on_duplicate must be 'return' or 'raise', got {on_duplicate!r}")
-    job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after)
+    job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, priority)
     ex = executor_for(db)
     if job.after:
         _check_dependencies_exist(ex, set(job.after))
@@ -143,6 +152,8 @@ def enqueue(
             job.unique_key,
             job.fifo_key,
             job.after,
+            job.priority,
+            trace_context(),
         ),
     )
     if not created and on_duplicate == "raise":
@@ -181,6 +192,7 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
                     spec.unique_key,
                     spec.fifo_key,
                     spec.after,
+                    spec.priority,
                 )
             )
         except InvalidJobError as exc:
@@ -205,6 +217,8 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
             column([j.unique_key for j in checked]),
             column([j.fifo_key for j in checked]),
             column([None if j.after is None else "[" + ",".join(map(str, j.after)) + "]" for j in checked]),
+            None if all(j.priority == 0 for j in checked) else [j.priority for j in checked],
+            None if (trace := trace_context()) is None else [trace] * len(checked),
         ),
     )
     return [int(job_id) for _, job_id, _ in rows]

@@ -85,6 +85,16 @@ def clean_text(text: str) -> str:
     return text
 
 
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django's task priorities
+
+
+def check_priority(value: object) -> int:
+    """A job's priority within its channel: a whole number from -100 to 100 (higher runs first)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidJobError(f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value!r}")
+    return value
+
+
 def check_optional_text(what: str, value: object) -> str | None:
     return None if value is None else check_text(what, value)
 

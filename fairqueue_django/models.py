@@ -71,6 +71,7 @@ class RunningJob(ReadOnlyModel):
     ready_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True)
     cancel_requested = models.BooleanField()
+    rank = models.SmallIntegerField()  # minus the job's priority (the ready index's order)
 
     class Meta:
         managed = False
@@ -203,6 +204,8 @@ class Job(ReadOnlyModel):
     depends_on = BigIntArrayField(null=True)
     run_at = models.DateTimeField(null=True)
     created_at = models.DateTimeField("enqueued at")
+    priority = models.SmallIntegerField(default=0)  # within its channel, higher first
+    trace_context = models.JSONField(null=True)
 
     objects: ClassVar[Any] = QueueManager.from_queryset(JobQuerySet)()
 
@@ -248,6 +251,7 @@ class CompletedJob(ReadOnlyModel):
     ready_at = models.DateTimeField(null=True)
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField()
+    priority = models.SmallIntegerField(default=0)
 
     class Meta:
         managed = False

@@ -93,7 +93,7 @@ def test_the_commands_of_the_page_in_order(migrate: Run, empty_database_url: str
         f"fairqueue schema in {empty_database_url} is at head ({sql.HEAD})",
         sql.HEAD,
         f"fairqueue schema in {empty_database_url} is at fq0007",
-        f"fairqueue schema in {empty_database_url} is at head ({sql.HEAD})",
+        f"fairqueue schema in {empty_database_url} is at fq0008",
         f"fairqueue schema in {empty_database_url} is at base (nothing installed)",
     ]
 

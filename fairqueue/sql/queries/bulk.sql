@@ -8,7 +8,7 @@ SELECT to_regclass('pg_temp.fairqueue_bulk_stage') IS NOT NULL
 -- Private to the session, gone at its end, emptied at commit.
 CREATE TEMPORARY TABLE fairqueue_bulk_stage (
     kind text, channel text, args jsonb, run_at timestamptz, max_attempts integer,
-    timeout_seconds double precision, unique_key text, fifo_key text, depends_on jsonb
+    timeout_seconds double precision, unique_key text, fifo_key text, depends_on jsonb, priority smallint
 ) ON COMMIT DELETE ROWS
 
 -- name: bulk_copy_into_stage
@@ -33,12 +33,14 @@ FROM (
                 THEN array_agg(coalesce(s.timeout_seconds, %(timeout)s::double precision)) END AS timeouts,
            CASE WHEN count(s.unique_key) > 0 THEN array_agg(s.unique_key) END AS unique_keys,
            CASE WHEN count(s.fifo_key) > 0 THEN array_agg(s.fifo_key) END AS fifo_keys,
-           CASE WHEN count(s.depends_on) > 0 THEN array_agg(s.depends_on) END AS depends_on
+           CASE WHEN count(s.depends_on) > 0 THEN array_agg(s.depends_on) END AS depends_on,
+           CASE WHEN bool_or(s.priority <> 0) THEN array_agg(coalesce(s.priority, 0::smallint)) END AS priorities
     FROM pg_temp.fairqueue_bulk_stage AS s
 ) AS a
 CROSS JOIN LATERAL fairqueue.enqueue_batch(
     %(run_id)s::text, %(batch_key)s::text, %(digest)s::text, %(call_id)s::text, a.kinds, a.args, a.channels,
-    a.run_ats, a.max_attempts, a.timeouts, a.unique_keys, a.fifo_keys, a.depends_on) AS b
+    a.run_ats, a.max_attempts, a.timeouts, a.unique_keys, a.fifo_keys, a.depends_on, a.priorities,
+    %(trace_context)s::text::jsonb) AS b
 
 -- name: bulk_recorded_batch
 -- A batch the ledger holds: what the commit that recorded it did.

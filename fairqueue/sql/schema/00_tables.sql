@@ -59,7 +59,9 @@ CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE 
 
 -- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
 -- (its history then lives in completed_job), never updated. It churns like running_job (a row per
--- job, deleted when it ends), so it is vacuumed as eagerly.
+-- job, deleted when it ends), so it is vacuumed as eagerly. priority orders the job within its
+-- channel only (higher first); trace_context is the W3C trace context current at enqueue (its
+-- traceparent and tracestate), which the worker restores around the job's attempts.
 CREATE TABLE fairqueue.job (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind             text NOT NULL,
@@ -72,13 +74,17 @@ CREATE TABLE fairqueue.job (
     depends_on       bigint[],
     run_at           timestamptz,
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
+    priority         smallint NOT NULL DEFAULT 0,
+    trace_context    jsonb,
     CONSTRAINT job_kind_check CHECK (length(kind) BETWEEN 1 AND 255),
     CONSTRAINT job_channel_check CHECK (length(channel) BETWEEN 1 AND 200),
     CONSTRAINT job_args_check CHECK (jsonb_typeof(args) = 'object'),
     CONSTRAINT job_max_attempts_check CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT job_timeout_check CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
     CONSTRAINT job_unique_key_check CHECK (unique_key IS NULL OR length(unique_key) BETWEEN 1 AND 255),
-    CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255)
+    CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255),
+    CONSTRAINT job_priority_check CHECK (priority BETWEEN -100 AND 100),
+    CONSTRAINT job_trace_context_check CHECK (trace_context IS NULL OR jsonb_typeof(trace_context) = 'object')
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- One live job per unique key of a channel: keys belong to their channel (tenant), so the same key
@@ -93,11 +99,14 @@ CREATE TABLE fairqueue.running_job (
     worker_id         bigint,
     ready_at          timestamptz NOT NULL DEFAULT clock_timestamp(),
     started_at        timestamptz,
-    cancel_requested  boolean NOT NULL DEFAULT false
+    cancel_requested  boolean NOT NULL DEFAULT false,
+    -- minus the job's priority: ascending in the ready index, so higher priorities come first
+    rank              smallint NOT NULL DEFAULT 0
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
--- Head of each channel's ready queue: (channel, job_id) order is FIFO within the channel.
-CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, job_id) WHERE worker_id IS NULL;
+-- Head of each channel's ready queue: higher priority first, then enqueue order (FIFO within a
+-- priority). All ascending, so "the entry after the last one taken" is one row comparison.
+CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, rank, job_id) WHERE worker_id IS NULL;
 CREATE INDEX running_job_worker_idx ON fairqueue.running_job (worker_id) WHERE worker_id IS NOT NULL;
 
 -- Staging: jobs that cannot run yet. Bookkeeping happens here so the claim stays free of conditions.
@@ -183,6 +192,7 @@ CREATE TABLE fairqueue.completed_job (
     ready_at     timestamptz,
     started_at   timestamptz,
     finished_at  timestamptz NOT NULL,
+    priority     smallint NOT NULL DEFAULT 0,
     CONSTRAINT completed_job_pkey PRIMARY KEY (job_id, attempt, outcome, finished_at),
     CONSTRAINT completed_job_outcome_check CHECK (
         outcome IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled', 'dependency_failed'))

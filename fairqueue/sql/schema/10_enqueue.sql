@@ -101,6 +101,8 @@ CREATE FUNCTION fairqueue.enqueue(
     p_unique_key       text DEFAULT NULL,
     p_fifo_key         text DEFAULT NULL,
     p_depends_on       bigint[] DEFAULT NULL,
+    p_priority         smallint DEFAULT 0,
+    p_trace_context    jsonb DEFAULT NULL,
     OUT job_id         bigint,
     OUT created        boolean)
 LANGUAGE plpgsql
@@ -121,6 +123,10 @@ BEGIN
     IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
         RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'fairqueue: priority must be from -100 to 100, got %', p_priority
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
         PERFORM fairqueue._refuse_control_characters(
             ARRAY['kind', 'channel', 'unique_key', 'fifo_key'], ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key]);
@@ -131,16 +137,16 @@ BEGIN
 
     IF p_unique_key IS NULL THEN
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
-                                   run_at, created_at)
+                                   run_at, created_at, priority, trace_context)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
-                p_run_at, v_now)
+                p_run_at, v_now, p_priority, p_trace_context)
         RETURNING id INTO job_id;
     ELSE
         -- Only producers of the same unique key wait on each other here: that is what the key asks for.
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at)
+                                   depends_on, run_at, created_at, priority, trace_context)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
-                p_depends_on, p_run_at, v_now)
+                p_depends_on, p_run_at, v_now, p_priority, p_trace_context)
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id INTO job_id;
         IF job_id IS NULL THEN
@@ -167,7 +173,8 @@ BEGIN
             PERFORM pg_notify('fairqueue', '');
         END IF;
     ELSE
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (job_id, p_channel, 0, v_now);
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+        VALUES (job_id, p_channel, 0, v_now, -p_priority);
         PERFORM fairqueue._wake_channel(p_channel);
     END IF;
 END $$;
@@ -184,7 +191,9 @@ CREATE FUNCTION fairqueue.enqueue_many(
     p_timeouts         double precision[] DEFAULT NULL,
     p_unique_keys      text[] DEFAULT NULL,
     p_fifo_keys        text[] DEFAULT NULL,
-    p_depends_on       jsonb[] DEFAULT NULL)
+    p_depends_on       jsonb[] DEFAULT NULL,
+    p_priorities       smallint[] DEFAULT NULL,
+    p_trace_contexts   jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord bigint, job_id bigint, created boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -206,7 +215,8 @@ BEGIN
     IF coalesce(cardinality(p_args), v_n) <> v_n OR coalesce(cardinality(p_channels), v_n) <> v_n
        OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
        OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
-       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n THEN
+       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n
+       OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n THEN
         RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -230,17 +240,20 @@ BEGIN
                u.unique_key,
                u.fifo_key,
                CASE WHEN jsonb_array_length(u.depends_on) > 0
-                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on,
+               coalesce(u.priority, 0) AS priority,
+               u.trace_context
         FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
-                    p_fifo_keys, p_depends_on)
+                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts)
              WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
-                                  fifo_key, depends_on, ord)
+                                  fifo_key, depends_on, priority, trace_context, ord)
     ),
     inserted AS (
         INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at)
+                                   depends_on, run_at, created_at, priority, trace_context)
         OVERRIDING SYSTEM VALUE
-        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now
+        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now,
+               priority, trace_context
         FROM input
         ORDER BY pos
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
@@ -251,8 +264,8 @@ BEGIN
         FROM input i JOIN inserted USING (id)
     ),
     ready AS (
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
-        SELECT id, channel, 0, v_now FROM placed WHERE NOT staged ORDER BY id
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+        SELECT id, channel, 0, v_now, -priority FROM placed WHERE NOT staged ORDER BY id
         RETURNING channel
     ),
     staged AS (

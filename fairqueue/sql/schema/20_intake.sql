@@ -29,13 +29,13 @@ BEGIN
         RETURNING s.job_id, s.channel, s.attempt
     ),
     classified AS (
-        SELECT d.job_id, d.channel, d.attempt,
+        SELECT d.job_id, d.channel, d.attempt, j.priority,
                (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
         FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
     ),
     ready AS (
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
-        SELECT job_id, channel, attempt, p_now FROM classified WHERE NOT needs_placement ORDER BY job_id
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+        SELECT job_id, channel, attempt, p_now, -priority FROM classified WHERE NOT needs_placement ORDER BY job_id
         RETURNING channel
     )
     SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
@@ -133,13 +133,13 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now);
+    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now, v_job.priority);
 END $$;
 
 -- Places a job whose dependencies have all succeeded: it takes its FIFO key (in its channel) or
 -- waits for it, or becomes ready. Returns the channel if the job became ready.
 CREATE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
-                                                    p_now timestamptz)
+                                                    p_now timestamptz, p_priority smallint)
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -156,7 +156,8 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at) VALUES (p_job_id, p_channel, 0, p_now);
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority);
     RETURN p_channel;
 END $$;
 

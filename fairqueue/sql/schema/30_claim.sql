@@ -62,7 +62,7 @@ BEGIN
     WHERE c.name = ANY (v_free) AND c.active
       AND (SELECT r.job_id FROM fairqueue.running_job r
            WHERE r.channel = c.name AND r.worker_id IS NULL
-           ORDER BY r.channel, r.job_id LIMIT 1) IS NULL;
+           ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL;
 END $$;
 
 -- Waits (briefly, bounded by lock_timeout) for the best eligible channel that another claimer holds
@@ -90,8 +90,9 @@ BEGIN
 END $$;
 
 -- Claims up to p_limit ready jobs for a worker in one round trip, interleaving channels in
--- weighted round-robin order, within each channel's concurrency cap and rate limit. Rows come back
--- in service order.
+-- weighted round-robin order, within each channel's concurrency cap and rate limit; within a
+-- channel, higher priorities first, then enqueue order (a priority never takes another channel's
+-- turn). Rows come back in service order.
 --
 -- Each round: intake; pay the debts of shared takes; lock the eligible channels with the lowest
 -- vtime (SKIP LOCKED); take each one's next jobs (its share of the batch, within its cap and
@@ -106,7 +107,7 @@ END $$;
 CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
-               started_at timestamptz)
+               started_at timestamptz, priority smallint, trace_context jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 -- one plan for every call: re-planning the candidate query each time cost more than running it
 SET plan_cache_mode = force_generic_plan
@@ -257,22 +258,24 @@ BEGIN
             v_shared := false;
         END IF;
 
-        -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx), and look
-        --    whether more remain behind them.
+        -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher
+        --    priority first, then enqueue order), and look whether more remain behind them.
         --    One statement: which jobs each channel gave, their slots, and which channels came up short.
         WITH heads AS MATERIALIZED (
             SELECT u.i, u.name, u.n, coalesce(p.ids, '{}') AS ids,
                    -- more behind them? the next index entry (EXISTS could plan a scan over dead pages)
                    u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
                                 WHERE r.channel = u.name AND r.worker_id IS NULL
-                                  AND r.job_id > coalesce(p.ids[cardinality(p.ids)], 0)
-                                ORDER BY r.channel, r.job_id LIMIT 1) IS NOT NULL AS more
+                                  AND (r.rank, r.job_id) > (coalesce(p.ranks[cardinality(p.ranks)], -32768),
+                                                            coalesce(p.ids[cardinality(p.ids)], 0))
+                                ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL AS more
             FROM unnest(v_names, v_alloc) WITH ORDINALITY AS u(name, n, i)
             CROSS JOIN LATERAL (
-                SELECT array_agg(h.job_id ORDER BY h.job_id) AS ids
-                FROM (SELECT r.job_id FROM fairqueue.running_job r
+                SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids,
+                       array_agg(h.rank ORDER BY h.rank, h.job_id) AS ranks
+                FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
                       WHERE u.n > 0 AND r.channel = u.name AND r.worker_id IS NULL
-                      ORDER BY r.channel, r.job_id
+                      ORDER BY r.channel, r.rank, r.job_id
                       LIMIT u.n
                       FOR UPDATE SKIP LOCKED) AS h
             ) AS p
@@ -320,7 +323,7 @@ BEGIN
                     RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
                 )
                 SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
-                       j.created_at, c.ready_at, c.started_at
+                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context
                 FROM claimed c
                 JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
                 CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j

@@ -105,7 +105,9 @@ CREATE FUNCTION fairqueue.enqueue_batch(
     p_timeouts      double precision[] DEFAULT NULL,
     p_unique_keys   text[] DEFAULT NULL,
     p_fifo_keys     text[] DEFAULT NULL,
-    p_depends_on    jsonb[] DEFAULT NULL)
+    p_depends_on    jsonb[] DEFAULT NULL,
+    p_priorities    smallint[] DEFAULT NULL,
+    p_trace_context jsonb DEFAULT NULL)
 RETURNS TABLE (jobs integer, created integer, done_before boolean, call_id text)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -159,17 +161,18 @@ BEGIN
         v_created := 0;
     ELSIF p_run_ats IS NULL AND p_fifo_keys IS NULL AND p_depends_on IS NULL THEN
         WITH inserted AS (
-            INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, created_at)
+            INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, created_at,
+                                       priority, trace_context)
             SELECT u.kind, u.channel, coalesce(u.args, '{}'::jsonb), coalesce(u.max_attempts, 3), u.timeout_seconds,
-                   u.unique_key, v_now
-            FROM unnest(p_kinds, p_args, p_channels, p_max_attempts, p_timeouts, p_unique_keys)
-                 AS u(kind, args, channel, max_attempts, timeout_seconds, unique_key)
+                   u.unique_key, v_now, coalesce(u.priority, 0), p_trace_context
+            FROM unnest(p_kinds, p_args, p_channels, p_max_attempts, p_timeouts, p_unique_keys, p_priorities)
+                 AS u(kind, args, channel, max_attempts, timeout_seconds, unique_key, priority)
             ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
-            RETURNING id, channel
+            RETURNING id, channel, priority
         ),
         ready AS (
-            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at)
-            SELECT i.id, i.channel, 0, v_now FROM inserted i
+            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+            SELECT i.id, i.channel, 0, v_now, -i.priority FROM inserted i
             RETURNING channel
         )
         SELECT count(*)::integer, ARRAY(SELECT DISTINCT r.channel FROM ready r) INTO v_created, v_channels FROM ready;
@@ -187,7 +190,9 @@ BEGIN
     ELSE
         SELECT count(*) FILTER (WHERE e.created) INTO v_created
         FROM fairqueue.enqueue_many(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts,
-                                    p_unique_keys, p_fifo_keys, p_depends_on) AS e;
+                                    p_unique_keys, p_fifo_keys, p_depends_on, p_priorities,
+                                    CASE WHEN p_trace_context IS NOT NULL
+                                         THEN array_fill(p_trace_context, ARRAY[v_n]) END) AS e;
     END IF;
 
     IF p_run_id IS NOT NULL AND v_created > 0 THEN

@@ -68,8 +68,8 @@ def test_an_operators_retry_keeps_the_priority(conn: psycopg.Connection[Any], wo
     fairqueue.enqueue(conn, "plain", channel="acme")
     assert fairqueue.retry(conn, job) == "retried"
     conn.execute("UPDATE fairqueue.scheduled_job SET run_at = now() WHERE job_id = %s", (job,))
-    claimed = fairqueue.claim_batch(conn, worker, 10)
-    assert [(j.kind, j.priority) for j in claimed] == [("again", 7), ("plain", 0)]
+    again = fairqueue.claim_batch(conn, worker, 10)
+    assert [(j.kind, j.priority) for j in again] == [("again", 7), ("plain", 0)]
 
 
 def test_a_fifo_key_keeps_enqueue_order_whatever_the_priorities(conn: psycopg.Connection[Any], worker: int) -> None:

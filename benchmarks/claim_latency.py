@@ -35,8 +35,13 @@ QUICK_SCENARIOS = [(1_000, 10), (1_000, 1_000), (20_000, 10), (20_000, 1_000)]
 TARGET = 1.5
 
 
-def fill(conn: psycopg.Connection[Any], jobs: int, channels: int) -> None:
-    """Enqueues ``jobs`` jobs spread evenly over ``channels`` channels, in 100k-job statements."""
+#: --mixed-priorities: the priorities jobs get, in turn (most jobs at the default, some above and below)
+PRIORITIES = (0, 0, 0, 5, -5, 0, 50, 0, -50, 0, 100)
+
+
+def fill(conn: psycopg.Connection[Any], jobs: int, channels: int, *, mixed: bool = False) -> None:
+    """Enqueues ``jobs`` jobs spread evenly over ``channels`` channels, in 100k-job statements (with
+    ``mixed``, their priorities cycle through PRIORITIES)."""
     conn.execute(
         "INSERT INTO fairqueue.channel (name) SELECT 'tenant' || g FROM generate_series(0, %s - 1) g", (channels,)
     )
@@ -46,8 +51,10 @@ def fill(conn: psycopg.Connection[Any], jobs: int, channels: int) -> None:
         conn.execute(
             "SELECT count(*) FROM fairqueue.enqueue_many("
             "  ARRAY(SELECT 'bench.noop' FROM generate_series(1, %(n)s)), NULL,"
-            "  ARRAY(SELECT 'tenant' || ((g + %(off)s) %% %(c)s) FROM generate_series(1, %(n)s) g))",
-            {"n": n, "off": done, "c": channels},
+            "  ARRAY(SELECT 'tenant' || ((g + %(off)s) %% %(c)s) FROM generate_series(1, %(n)s) g),"
+            "  p_priorities => CASE WHEN %(mixed)s THEN ARRAY("
+            "    SELECT (%(prio)s::smallint[])[1 + (g + %(off)s) %% %(np)s] FROM generate_series(1, %(n)s) g) END)",
+            {"n": n, "off": done, "c": channels, "mixed": mixed, "prio": list(PRIORITIES), "np": len(PRIORITIES)},
         )
         done += n
     conn.execute("VACUUM ANALYZE fairqueue.job")
@@ -64,16 +71,26 @@ def _quantiles(timings: list[float]) -> dict[str, float]:
     }
 
 
-def run_scenario(conn: psycopg.Connection[Any], jobs: int, channels: int, batch: int, rounds: int) -> dict[str, Any]:
+def run_scenario(
+    conn: psycopg.Connection[Any], jobs: int, channels: int, batch: int, rounds: int, *, mixed: bool = False
+) -> dict[str, Any]:
     t0 = time.monotonic()
-    fill(conn, jobs, channels)
+    fill(conn, jobs, channels, mixed=mixed)
     fill_s = time.monotonic() - t0
     worker = fairqueue.register_worker(conn, "bench", lease_seconds=3600)
     rng = random.Random(7)
     timings: list[float] = []
     for i in range(rounds + 50):
         fairqueue.enqueue_many(
-            conn, [fairqueue.JobSpec("bench.noop", channel=f"tenant{rng.randrange(channels)}") for _ in range(10)]
+            conn,
+            [
+                fairqueue.JobSpec(
+                    "bench.noop",
+                    channel=f"tenant{rng.randrange(channels)}",
+                    priority=rng.choice(PRIORITIES) if mixed else 0,
+                )
+                for _ in range(10)
+            ],
         )
         t = time.perf_counter()
         claimed = fairqueue.claim_batch(conn, worker, batch)
@@ -178,7 +195,8 @@ def report(run: Run, args: Any, results: list[dict[str, Any]], loop: list[dict[s
     table += [f"| {c['what']} | {c['ratio']:.2f}x | {verdict(c['met'])} |" for c in checks]
     run.finish(
         {"fairqueue": results, "loop": loop, "targets": checks},
-        f"Claim latency versus backlog (claim of {args.batch}, {args.rounds:,} rounds)",
+        f"Claim latency versus backlog (claim of {args.batch}, {args.rounds:,} rounds"
+        + (", mixed priorities)" if args.mixed_priorities else ")"),
         table,
         [
             "Steady state per shape: enqueue 10 jobs into random channels, time one claim (one round trip, "
@@ -199,6 +217,11 @@ def main() -> None:
         metavar="JOBSxCHANNELS",
         help="run only these, e.g. --scenario 1000000x10000 (default: all four; --quick: 1k/20k x 10/1k)",
     )
+    p.add_argument(
+        "--mixed-priorities",
+        action="store_true",
+        help="jobs with mixed priorities (-50 to 100, most at 0) instead of all at the default",
+    )
     args = p.parse_args()
     args.rounds = args.rounds or (100 if args.quick else 1000)
     if args.scenario:
@@ -211,7 +234,7 @@ def main() -> None:
             url = run.database("fq_claim")
             migrations.upgrade(url)
             with psycopg.connect(url, autocommit=True) as conn:
-                r = run_scenario(conn, jobs, channels, args.batch, args.rounds)
+                r = run_scenario(conn, jobs, channels, args.batch, args.rounds, mixed=args.mixed_priorities)
                 if args.explain and (jobs, channels) == (1_000_000, 10_000):
                     args.explain.write_text(explain_claim(conn, args.batch) + "\n")
             results.append(r)

@@ -199,7 +199,7 @@ def history(migrated_url: str) -> Iterator[str]:
     """``public.report_history``: the generated history, shaped like fairqueue.completed_job."""
     with psycopg.connect(migrated_url, autocommit=True) as conn:
         conn.execute(f"DROP TABLE IF EXISTS {HISTORY}")
-        conn.execute(f"CREATE TABLE {HISTORY} (LIKE fairqueue.completed_job)")
+        conn.execute(f"CREATE TABLE {HISTORY} (LIKE fairqueue.completed_job INCLUDING DEFAULTS)")
         with conn.cursor().copy(
             f"COPY {HISTORY} (job_id, attempt, outcome, final, kind, channel, enqueued_at, ready_at, started_at, "
             "finished_at) FROM STDIN"

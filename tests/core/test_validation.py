@@ -48,3 +48,14 @@ def test_configure_channel_refuses_limits_the_claim_cannot_use(
 def test_clean_text_makes_any_text_storable(conn: psycopg.Connection[Any], text: str, cleaned: str) -> None:
     assert clean_text(text) == cleaned
     assert conn.execute("SELECT %s::text", (clean_text(text),)).fetchone() == (cleaned,)
+
+
+def test_visible_writes_every_control_character_as_an_escape() -> None:
+    from fairqueue.text import visible
+
+    assert visible("plain name-1.é") == "plain name-1.é"
+    assert visible("a\nb\rc\td\x1b[2Je\x00f\x7fg\x85h\x9bi\u2028j") == (
+        "a\\nb\\rc\\td\\x1b[2Je\\x00f\\x7fg\\x85h\\x9bi\\u2028j"
+    )
+    assert visible("Traceback\n  File\x1b\r\n", keep_newlines=True) == "Traceback\n  File\\x1b\\r\n"
+    assert visible("a\\nb") == "a\\nb"  # a backslash stays as it is

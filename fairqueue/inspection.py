@@ -9,6 +9,7 @@ from typing import Any
 
 from fairqueue._db import executor_for
 from fairqueue.sql import Q
+from fairqueue.validation import check_id
 
 #: Where a live job can be. A finished job's status is its final outcome instead.
 LIVE_STATES = ("scheduled", "blocked", "waiting", "ready", "running")
@@ -49,6 +50,7 @@ class JobInfo:
 def get_job(db: object, job_id: int) -> JobInfo | None:
     """The job's current state, result and attempt history; None if no such job."""
     ex = executor_for(db)
+    job_id = check_id("job_id", job_id)
     rows = ex.rows(Q.job_state, {"id": job_id})
     if not rows:
         return None
@@ -74,7 +76,7 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
 def job_attempts(db: object, job_id: int) -> list[Attempt]:
     """Every finished attempt of a job, oldest first, from every day of the history (each day's primary
     key finds the job's rows)."""
-    return [Attempt(*a) for a in executor_for(db).rows(Q.job_attempts, (job_id,))]
+    return [Attempt(*a) for a in executor_for(db).rows(Q.job_attempts, (check_id("job_id", job_id),))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,8 @@ ENQUEUE = [
     (["--delay", "nan"], "delay must be a finite number of seconds"),
     (["--timeout", "1e300"], "timeout must be at most 10 years"),
     (["--timeout=-inf"], "timeout must be a finite number of seconds"),
+    (["--run-at", "9999-12-31T23:00-10:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
+    (["--run-at", "0001-01-01T00:00+14:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
 ]
 
 

@@ -13,24 +13,27 @@ from django.utils.html import format_html
 
 from fairqueue.periodic import has_fired
 from fairqueue.status import NEVER
+from fairqueue.text import visible
 from fairqueue_django import conf
-from fairqueue_django.admin.base import QueueAdmin, aware, local_time
+from fairqueue_django.admin.base import QueueAdmin, aware, local_time, shown
 from fairqueue_django.models import PeriodicSchedule
+
+NAME, CRON, TIMEZONE, KIND, CHANNEL = (shown(field) for field in ("name", "cron", "timezone", "kind", "channel"))
 
 
 @admin.register(PeriodicSchedule)
 class PeriodicScheduleAdmin(QueueAdmin):
-    list_display = ("name", "cron", "timezone", "kind", "channel", "state", "last_run", "next_run", "last_job")
+    list_display = (NAME, CRON, TIMEZONE, KIND, CHANNEL, "state", "last_run", "next_run", "last_job")
     list_filter = ("paused",)
     search_fields = ("name", "kind")
     ordering = ("name",)
     actions = ("pause_schedules", "resume_schedules")
     fields = (
-        "name",
-        "cron",
-        "timezone",
-        "kind",
-        "channel",
+        NAME,
+        CRON,
+        TIMEZONE,
+        KIND,
+        CHANNEL,
         "pretty_args",
         "missed",
         "state",
@@ -93,7 +96,8 @@ class PeriodicScheduleAdmin(QueueAdmin):
             for name in names:
                 pause(connections[conf.get().database], name, paused=paused)
         verb = "paused" if paused else "resumed"
-        self.message_user(request, f"{len(names)} schedule(s) {verb}: {', '.join(names)}", messages.SUCCESS)
+        shown_names = ", ".join(visible(name) for name in names)
+        self.message_user(request, f"{len(names)} schedule(s) {verb}: {shown_names}", messages.SUCCESS)
 
     @admin.action(permissions=["pause"], description="Pause selected schedules")
     def pause_schedules(self, request: HttpRequest, queryset: Any) -> None:

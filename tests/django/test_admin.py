@@ -1227,3 +1227,25 @@ def test_a_stored_channel_name_with_control_characters_cannot_be_configured(
         "...): it contains U+001B"
     ]
     assert _channel(dj, "acme\x1b[2J") == (None, None, 1.0, 1, False)
+
+
+def test_pausing_schedules_reports_a_stored_name_it_refuses_and_pauses_the_others(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    for name in ("nightly", "old"):
+        dj.execute(
+            "SELECT fairqueue.register_periodic(%s, '0 2 * * *', 'UTC', 'reports.nightly', 'reports', '{}', 'skip')",
+            (name,),
+        )
+    dj.execute("UPDATE fairqueue.periodic_schedule SET name = %s WHERE name = 'old'", ("old\x1b[2J",))
+    client = login("root", superuser=True)
+    selected = {"action": "pause_schedules", "_selected_action": ["nightly", "old\x1b[2J"]}
+    response = client.post("/admin/fairqueue/periodicschedule/", selected, follow=True)
+    assert response.status_code == 200
+    assert _messages(response) == [
+        "Schedule nightly: paused",
+        "Schedule old\\x1b[2J: failed: schedule name must not contain control characters (newline, tab, escape, "
+        "...): it contains U+001B",
+    ]
+    paused = dict(dj.execute("SELECT name, paused FROM fairqueue.periodic_schedule").fetchall())
+    assert paused == {"nightly": True, "old\x1b[2J": False}

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import psycopg
 
 from fairqueue.errors import UnsupportedConnectionError
+from fairqueue.text import visible
 from fairqueue.validation import clean_text
 
 Row = tuple[Any, ...]
@@ -69,13 +70,14 @@ def psycopg_error(exc: BaseException) -> psycopg.Error | None:
 
 def db_error_text(exc: BaseException) -> str:
     """One line for a log or an error message: a database error's primary message (not its CONTEXT,
-    which for an error inside a function can run to kilobytes), otherwise the exception's text."""
+    which for an error inside a function can run to kilobytes), otherwise the exception's text. A
+    message may quote stored values: its control characters are made visible (fairqueue.text)."""
     primary = getattr(getattr(exc, "diag", None), "message_primary", None) if isinstance(exc, psycopg.Error) else None
     try:
         text = primary or str(exc) or type(exc).__name__
     except Exception:
         text = type(exc).__name__
-    return clean_text(" ".join(text.split()))
+    return visible(clean_text(" ".join(text.split())))
 
 
 def _plain(params: Params) -> tuple[Any, ...] | dict[str, Any]:

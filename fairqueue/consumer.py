@@ -21,7 +21,14 @@ from fairqueue.config import settings
 from fairqueue.errors import InvalidJobError, UnknownWorkerError
 from fairqueue.outcomes import WORKER_OUTCOMES, OutcomeName
 from fairqueue.sql import Q
-from fairqueue.validation import MAX_ATTEMPTS, check_result
+from fairqueue.validation import (
+    MAX_ATTEMPTS,
+    WORKER_SECONDS_BOUNDS,
+    check_id,
+    check_result,
+    check_seconds,
+    check_text,
+)
 
 OUTCOMES = WORKER_OUTCOMES  # (the name this module has always exported)
 
@@ -66,22 +73,37 @@ def register_worker(
     db: object, name: str | None = None, *, lease_seconds: float = 30.0, info: dict[str, Any] | None = None
 ) -> int:
     """Registers a worker and returns its id. Its lease must be renewed with :func:`heartbeat`."""
-    if lease_seconds <= 0:
-        raise ValueError("lease_seconds must be positive")
-    label = name or f"{socket.gethostname()}:{os.getpid()}"
+    _check_lease(lease_seconds)
+    label = check_text("worker name", name or f"{socket.gethostname()}:{os.getpid()}", error=ValueError)
     [(worker_id,)] = executor_for(db).rows(Q.register_worker, (label, lease_seconds, json.dumps(info or {})))
     return int(worker_id)
 
 
+def _check_lease(lease_seconds: object) -> None:
+    """A lease becomes the worker's lease_expires_at: as long as a worker's setting may be (one day)."""
+    longest = WORKER_SECONDS_BOUNDS["lease"]
+    if (
+        not isinstance(lease_seconds, int | float)
+        or isinstance(lease_seconds, bool)
+        or not 0 < lease_seconds <= longest  # also refuses nan
+    ):
+        raise ValueError(f"lease_seconds must be more than zero and at most {longest:g}, got {lease_seconds!r}")
+
+
+def _worker_id(worker_id: object) -> int:
+    return check_id("worker_id", worker_id, error=ValueError)
+
+
 def heartbeat(db: object, worker_id: int, *, lease_seconds: float = 30.0) -> bool:
     """Renews the lease. False means the worker was declared dead and its jobs handed to others."""
-    [(alive,)] = executor_for(db).rows(Q.heartbeat, (worker_id, lease_seconds))
+    _check_lease(lease_seconds)
+    [(alive,)] = executor_for(db).rows(Q.heartbeat, (_worker_id(worker_id), lease_seconds))
     return bool(alive)
 
 
 def deregister_worker(db: object, worker_id: int) -> int:
     """Removes the worker; jobs it still holds are recorded as lost and run again. Returns their number."""
-    [(n,)] = executor_for(db).rows(Q.deregister_worker, (worker_id,))
+    [(n,)] = executor_for(db).rows(Q.deregister_worker, (_worker_id(worker_id),))
     return int(n)
 
 
@@ -95,6 +117,7 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
     """Claims up to ``limit`` (1..1000) ready jobs in fair order, in one round trip."""
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
         raise ValueError(f"limit must be a whole number from 1 to 1000, got {limit!r}")
+    worker_id = _worker_id(worker_id)
     try:
         rows = executor_for(db).rows(Q.claim, (worker_id, limit))
     except Exception as exc:
@@ -129,15 +152,17 @@ def finish(db: object, worker_id: int, outcomes: Sequence[Outcome]) -> list[Fini
     """
     if not outcomes:
         return []
+    worker_id = _worker_id(worker_id)
     ids, names, results, errors, retries = [], [], [], [], []
     for o in outcomes:
         if o.outcome not in OUTCOMES:
             raise InvalidJobError(f"outcome must be one of {sorted(OUTCOMES)}, got {o.outcome!r}")
-        ids.append(o.job_id)
+        ids.append(check_id("job_id", o.job_id))
         names.append(o.outcome)
         results.append(check_result(o.result, limit=settings.max_result_bytes))
         errors.append(o.error)
-        retries.append(o.retry_in)
+        # the retry's time is stored: at most 10 years ahead, like any delay
+        retries.append(None if o.retry_in is None else check_seconds("retry_in", o.retry_in, allow_zero=True))
     if len(set(ids)) != len(ids):
         raise InvalidJobError("finish got the same job id twice")
     # an array of nothing but NULLs travels as one NULL (the common case: no results, no errors)
@@ -167,17 +192,17 @@ def fail(
 
 def release(db: object, worker_id: int, job_ids: Iterable[int]) -> int:
     """Hands claimed, never-started jobs back to the queue (the attempt does not count)."""
-    ids = list(job_ids)
+    ids = [check_id("job_id", job_id) for job_id in job_ids]
     if not ids:
         return 0
-    [(n,)] = executor_for(db).rows(Q.release, (worker_id, ids))
+    [(n,)] = executor_for(db).rows(Q.release, (_worker_id(worker_id), ids))
     return int(n)
 
 
 def cancel(db: object, job_id: int) -> str:
     """Cancels a job: 'cancelled' (it will not run), 'cancel_requested' (running; its worker is told),
     'finished' (too late) or 'not_found'."""
-    [(state,)] = executor_for(db).rows(Q.cancel, (job_id,))
+    [(state,)] = executor_for(db).rows(Q.cancel, (check_id("job_id", job_id),))
     return str(state)
 
 
@@ -189,8 +214,7 @@ def retry(db: object, job_id: int, *, attempts: int = 1) -> str:
     live already: nothing changed), 'succeeded' (not run again), 'duplicate' (a live job holds its
     unique key), 'exhausted' (it used the most attempts a job can have) or 'not_found'.
     """
-    if not isinstance(job_id, int) or isinstance(job_id, bool) or not 1 <= job_id < 2**63:
-        raise InvalidJobError(f"job_id must be a positive whole number, got {job_id!r}")
+    job_id = check_id("job_id", job_id)
     if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_ATTEMPTS:
         raise InvalidJobError(f"attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {attempts!r}")
     [(state,)] = executor_for(db).rows(Q.retry, (job_id, attempts))

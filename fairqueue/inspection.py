@@ -9,6 +9,7 @@ from typing import Any
 
 from fairqueue._db import executor_for
 from fairqueue.sql import Q
+from fairqueue.validation import check_id
 
 #: Where a live job can be. A finished job's status is its final outcome instead.
 LIVE_STATES = ("scheduled", "blocked", "waiting", "ready", "running")
@@ -40,6 +41,7 @@ class JobInfo:
     enqueued_at: datetime
     finished_at: datetime | None
     attempts: list[Attempt]
+    started_at: datetime | None = None  # when the attempt running now started (None unless running)
 
     @property
     def finished(self) -> bool:
@@ -47,13 +49,13 @@ class JobInfo:
 
 
 def get_job(db: object, job_id: int) -> JobInfo | None:
-    """The job's current state, result and attempt history; None if no such job."""
-    ex = executor_for(db)
-    rows = ex.rows(Q.job_state, {"id": job_id})
+    """The job's current state, result and attempt history; None if no such job. One statement reads
+    them all, so they come from one snapshot in any transaction of the caller's."""
+    rows = executor_for(db).rows(Q.job_state, {"id": check_id("job_id", job_id)})
     if not rows:
         return None
     r = rows[0]
-    attempts = job_attempts(ex, job_id)
+    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[14:21]), strict=True)]
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -68,13 +70,14 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
         enqueued_at=r[5],
         finished_at=r[12],
         attempts=attempts,
+        started_at=r[13],
     )
 
 
 def job_attempts(db: object, job_id: int) -> list[Attempt]:
     """Every finished attempt of a job, oldest first, from every day of the history (each day's primary
     key finds the job's rows)."""
-    return [Attempt(*a) for a in executor_for(db).rows(Q.job_attempts, (job_id,))]
+    return [Attempt(*a) for a in executor_for(db).rows(Q.job_attempts, (check_id("job_id", job_id),))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
 from typing import IO, Any, Final
 
 from fairqueue.errors import ConfigurationError
+from fairqueue.text import visible
 
 __all__ = ["FORMATS", "JsonFormatter", "TextFormatter", "configure_logging", "log_the_application"]
 
@@ -69,31 +71,42 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             doc["stack"] = self.formatStack(record.stack_info)
         try:
-            return json.dumps(doc, ensure_ascii=False, default=str)
+            line = json.dumps(doc, ensure_ascii=False, default=str)
         except (TypeError, ValueError):
             # e.g. non-string dict keys or circular references deep inside a value: fall back to str() per field
-            return json.dumps({k: v if isinstance(v, str) else str(v) for k, v in doc.items()}, ensure_ascii=False)
+            line = json.dumps({k: v if isinstance(v, str) else str(v) for k, v in doc.items()}, ensure_ascii=False)
+        # JSON escapes C0 controls itself; DEL and C1 controls (and U+2028/9) become \u escapes too
+        return _JSON_CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
+_JSON_CONTROL = re.compile(r"[\x7f-\x9f\u2028\u2029]")
 
 
 def _text_value(value: Any) -> str:
     text = str(value)
     if text == "" or any(c.isspace() or c in '"=' for c in text):
-        return json.dumps(text, ensure_ascii=False)
-    return text
+        return visible(json.dumps(text, ensure_ascii=False))
+    return visible(text)
 
 
 class TextFormatter(logging.Formatter):
-    """``<ts> <LEVEL> <logger> <message> key=value ...``, with any traceback on the following lines."""
+    """``<ts> <LEVEL> <logger> <message> key=value ...``, with any traceback on the following lines.
+
+    The line is one line whatever the message and the fields hold: their control characters
+    (newlines, carriage returns, escape sequences: a channel name stored before they were refused,
+    an error text) are written as escapes (:func:`fairqueue.text.visible`), so no value can forge a
+    record or colour a terminal. A traceback keeps its own lines, with its other control
+    characters escaped."""
 
     def format(self, record: logging.LogRecord) -> str:
-        parts = [_timestamp(record), record.levelname, record.name, record.getMessage()]
+        parts = [_timestamp(record), record.levelname, record.name, visible(record.getMessage())]
         parts.extend(f"{key}={_text_value(value)}" for key, value in _extras(record))
         text = " ".join(parts)
         exc = _exception_text(self, record)
         if exc:
-            text += "\n" + exc
+            text += "\n" + visible(exc, keep_newlines=True)
         if record.stack_info:
-            text += "\n" + self.formatStack(record.stack_info)
+            text += "\n" + visible(self.formatStack(record.stack_info), keep_newlines=True)
         return text
 
 

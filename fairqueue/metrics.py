@@ -7,11 +7,13 @@ lock, cheap enough to run per job); :meth:`Metrics.render` produces the text exp
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import socket
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -245,8 +247,19 @@ class Metrics:
         lines.append(f"{family.name}_count{label_text} {hist.count}")
 
 
+#: Seconds a connection to the metrics endpoint may take, from its accept to the end of the response
+#: (a scrape takes milliseconds): an idle or trickling connection is closed then.
+REQUEST_TIMEOUT: Final = 10.0
+#: Connections served at once (each has a thread); one beyond them is closed at once, unanswered.
+MAX_CONNECTIONS: Final = 16
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.request_timeout)  # each read and write of the socket, at most
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -268,12 +281,72 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, as ThreadingHTTPServer, but at most ``max_connections`` of them, and
+    no connection kept past ``request_timeout``: idle sockets cannot pile up threads."""
+
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], metrics: Metrics, family: socket.AddressFamily) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        metrics: Metrics,
+        family: socket.AddressFamily,
+        *,
+        request_timeout: float,
+        max_connections: int,
+    ) -> None:
         self.address_family = family
         self.metrics = metrics
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self._open: dict[socket.socket, float] = {}  # connections being served, and when they were accepted
+        self._open_lock = threading.Lock()
         super().__init__(address, _Handler)
+
+    @property
+    def open_connections(self) -> int:
+        with self._open_lock:
+            return len(self._open)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = len(self._open) >= self.max_connections
+            if not full:
+                self._open[request] = time.monotonic()
+        if full:
+            self.shutdown_request(request)  # closed unanswered: the scraper tries again next time
+            return
+        thread = threading.Thread(
+            target=self.process_request_thread,
+            args=(request, client_address),
+            name=f"fairqueue-metrics-{self.server_address[1]}-conn",
+            daemon=True,
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had
+            self._forget(request)
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.pop(request, None)
+
+    def service_actions(self) -> None:
+        """Called by serve_forever between polls: ends connections older than request_timeout (one
+        that trickles a byte now and then never lets a read time out)."""
+        deadline = time.monotonic() - self.request_timeout
+        with self._open_lock:
+            late = [request for request, accepted in self._open.items() if accepted < deadline]
+        for request in late:
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RDWR)  # its thread's next read or write ends, and so does it
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a scraper hanging up mid-response is not worth a traceback on stderr
@@ -281,13 +354,30 @@ class _Server(ThreadingHTTPServer):
 
 
 class MetricsServer:
-    """Serves ``metrics.render()`` on ``http://host:port/metrics`` from a daemon thread until :meth:`close`."""
+    """Serves ``metrics.render()`` on ``http://host:port/metrics`` from a daemon thread until :meth:`close`.
 
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0") -> None:  # noqa: S104
+    It binds ``host`` (all IPv4 addresses by default, so that Prometheus on another machine or in
+    another container can scrape it; see docs/operations.md). At most ``max_connections`` connections
+    are served at once, each for at most ``request_timeout`` seconds: idle or slow connections cannot
+    pile up threads."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        port: int,
+        host: str = "0.0.0.0",  # noqa: S104
+        *,
+        request_timeout: float = REQUEST_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if not 0 < request_timeout < math.inf or max_connections < 1:
+            raise ValueError("request_timeout must be a number of seconds above zero and max_connections at least 1")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         try:
-            self._server = _Server((host, port), metrics, family)
+            self._server = _Server(
+                (host, port), metrics, family, request_timeout=request_timeout, max_connections=max_connections
+            )
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise ConfigurationError(f"cannot serve metrics on {where}: {reason.lower()}") from exc
@@ -295,9 +385,17 @@ class MetricsServer:
         self.port: int = self._server.server_address[1]
         self._closed = False
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"fairqueue-metrics-{self.port}", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": min(0.5, request_timeout / 2)},
+            name=f"fairqueue-metrics-{self.port}",
+            daemon=True,
         )
         self._thread.start()
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now."""
+        return self._server.open_connections
 
     def close(self) -> None:
         """Stop serving and wait for the server thread; calling it again does nothing."""

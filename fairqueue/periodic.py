@@ -198,6 +198,8 @@ def has_fired(last_job_id: int | None) -> bool:
 
 
 def pause(db: object, name: str, *, paused: bool = True) -> bool:
-    """Pauses (or resumes) a schedule without a deploy; False if there is no such schedule."""
-    [(found,)] = executor_for(db).rows(Q.pause_periodic, (name, paused))
+    """Pauses (or resumes) a schedule without a deploy; False if there is no such schedule. A name no
+    schedule can have (see register: control characters, NUL, a lone surrogate) raises InvalidJobError
+    before any statement, so the caller's transaction goes on."""
+    [(found,)] = executor_for(db).rows(Q.pause_periodic, (check_text("schedule name", name), paused))
     return bool(found)

@@ -16,7 +16,7 @@ from fairqueue._db import executor_for
 from fairqueue.channels import burst_number
 from fairqueue.durations import compact
 from fairqueue.sql import Q
-from fairqueue.text import first_line
+from fairqueue.text import first_line, visible
 
 #: Longest error text shown per failure in the text view (the first line only).
 ERROR_WIDTH = 80
@@ -267,7 +267,10 @@ def _truncate(text: str, width: int) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[int] = ()) -> list[str]:
-    """Aligned columns, two spaces apart; column indexes in ``right`` are right-aligned (numbers)."""
+    """Aligned columns, two spaces apart; column indexes in ``right`` are right-aligned (numbers).
+    Every cell is shown :func:`~fairqueue.text.visible`: a name, an error or a worker's info stored
+    with a control character (by older code, or before the schema refused them) cannot break a line."""
+    rows = [[visible(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):
@@ -335,7 +338,7 @@ def render_workers(workers: Sequence[dict[str, Any]], maintenance: dict[str, Any
     else:
         lines = ["(no workers)"]
     if maintenance.get("held"):
-        where = maintenance.get("client_addr") or "local socket"
+        where = visible(str(maintenance.get("client_addr") or "local socket"))
         lines.append(f"maintenance role: held (backend pid {maintenance['backend_pid']}, client addr {where})")
     else:
         lines.append("maintenance role: nobody")
@@ -354,7 +357,7 @@ def render_failures(failures: Sequence[dict[str, Any]]) -> list[str]:
             str(f["attempt"]),
             f["outcome"] if f["final"] else f"{f['outcome']} (will retry)",
             _when(f["finished_at"]),
-            _truncate(f["error"] or "", ERROR_WIDTH),
+            _truncate(visible(f["error"] or ""), ERROR_WIDTH),
         ]
         for f in failures
     ]

@@ -47,6 +47,13 @@ class BadArgumentsError(InvalidJobError):
     """The job's args do not fit the task's signature."""
 
 
+class ResultNotStorable(Exception):
+    """Raised by a handler in place of returning a value it found cannot be stored, with the reason
+    as its cause: ``raise ResultNotStorable() from exc``. The worker fails the job for good, as for
+    any return value that cannot be stored, and records the cause with its traceback (the
+    ``django.tasks`` backend uses it, so that the stored error is the one Django's signals saw)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Delay before retry n (n = 1 after the first failure): ``base * 2**(n-1)``, at most ``maximum``,

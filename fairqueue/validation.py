@@ -30,6 +30,11 @@ MAX_CONCURRENCY = 1_000_000  # a channel's cap (the claim adds to it as a Postgr
 MAX_BURST = 1_000_000
 MAX_RATE = 1_000_000.0  # jobs per second
 SLOWEST_RATE_PERIOD = 365 * 86400.0  # a rate limit allows at least one job per this many seconds
+MAX_ID = 2**63 - 1  # job and worker ids are PostgreSQL bigints
+#: The range of run_at, in UTC: a time that reads back as a Python datetime (years 1 to 9999) in the
+#: session time zone of any reader (psycopg and Django convert it), with a day to spare each side.
+EARLIEST_RUN_AT = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_RUN_AT = datetime(9999, 12, 30, tzinfo=UTC)
 
 
 #: C0 controls, DEL and C1 controls: names are printed in status output, the admin and log lines,
@@ -39,6 +44,15 @@ _CONTROL = re.compile(r"[\x01-\x1f\x7f-\x9f]")
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_id(what: str, value: object, *, error: type[ValueError] = InvalidJobError) -> int:
+    """A job or worker id given by a caller: a whole number from 1 to 2**63 - 1 (a bigint), checked
+    before any statement, so that a bad one cannot abort the caller's transaction."""
+    if not _is_int(value) or not 1 <= value <= MAX_ID:  # type: ignore[operator]
+        shown = repr(value) if len(repr(value)) <= 40 else f"{type(value).__name__} {repr(value)[:37]}..."
+        raise error(f"{what} must be a whole number from 1 to 2**63 - 1 (a bigint id), got {shown}")
+    return value  # type: ignore[return-value]
 
 
 def check_text(what: str, value: object, *, max_len: int = MAX_NAME, error: type[ValueError] = InvalidJobError) -> str:
@@ -116,6 +130,10 @@ def _check_json_keys(value: object, path: str) -> None:
             _check_json_keys(item, f"{path}[{i}]")
 
 
+#: A NUL character in JSON text: the escape \u0000 after an even number of backslashes (an odd
+#: number makes the last one part of an escaped backslash, "\\u0000": the text "\u0000", not a NUL).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
 # one encoder for every call (json.dumps with options builds a new one each time)
 _JSON = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
@@ -133,7 +151,7 @@ def encode_json(
         raise InvalidJobError(f"{what} is nested too deeply to be stored as JSON") from None
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"{what} is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidJobError(f"{what} contains a NUL character, which PostgreSQL cannot store in JSON")
     try:
         size = len(text.encode("utf-8"))
@@ -157,6 +175,15 @@ def check_run_at(run_at: object, delay: object) -> datetime | None:
             raise InvalidJobError(f"run_at must be a datetime, got {type(run_at).__name__}")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise InvalidJobError("run_at must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        try:
+            utc = run_at.astimezone(UTC)
+        except OverflowError:  # before the year 1 or after 9999 in UTC
+            utc = None
+        if utc is None or not EARLIEST_RUN_AT <= utc <= LATEST_RUN_AT:
+            raise InvalidJobError(
+                f"run_at must be from {EARLIEST_RUN_AT.date()} to {LATEST_RUN_AT.date()} in UTC "
+                f"(a time every time zone can show), got {run_at.isoformat()}"
+            )
         return run_at
     if delay is not None:
         seconds = check_seconds("delay", delay, allow_zero=True)
@@ -194,8 +221,8 @@ def check_after(after: object) -> list[int] | None:
         raise InvalidJobError(f"after must be a list of job ids, got {type(after).__name__}")
     ids = list(after)
     for job_id in ids:
-        if not _is_int(job_id) or job_id <= 0:
-            raise InvalidJobError(f"after must contain job ids (positive integers), got {job_id!r}")
+        if not _is_int(job_id) or not 1 <= job_id <= MAX_ID:
+            raise InvalidJobError(f"after must contain job ids (whole numbers from 1 to 2**63 - 1), got {job_id!r}")
     return sorted(set(ids)) or None
 
 

@@ -22,9 +22,12 @@ def connection() -> Any:
 
 def enqueue(kind: str, args: Mapping[str, Any] | None = None, *, channel: str | None = None, **options: Any) -> int:
     """:func:`fairqueue.enqueue` on Django's connection: inside ``transaction.atomic()`` the job
-    commits or rolls back with the block (a savepoint that rolls back takes the job with it).
-    ``options`` are enqueue's (run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, ...)."""
-    return fairqueue.enqueue(connection(), kind, args, channel=channel or conf.get().default_channel, **options)
+    commits or rolls back with the block (a savepoint that rolls back takes the job with it). Without
+    ``channel`` the job goes to ``FAIRQUEUE['DEFAULT_CHANNEL']``. ``options`` are enqueue's (run_at,
+    delay, max_attempts, timeout, unique_key, fifo_key, after, ...)."""
+    if channel is None:
+        channel = conf.get().default_channel
+    return fairqueue.enqueue(connection(), kind, args, channel=channel, **options)
 
 
 def enqueue_task(task: Task[Any, Any], /, *args: Any, **kwargs: Any) -> int:

@@ -21,6 +21,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from fairqueue.validation import MAX_CHANNEL, check_text
+
 KNOWN = {"DATABASE", "DEFAULT_CHANNEL", "WORKER", "PERIODIC"}
 WORKER_KNOWN = {"IMPORT", "CONCURRENCY", "BATCH", "LEASE", "GRACE", "POLL_INTERVAL", "METRICS_PORT", "MAINTENANCE"}
 
@@ -53,6 +55,10 @@ def get() -> Settings:
     channel = raw.get("DEFAULT_CHANNEL", "default")
     if not isinstance(database, str) or not isinstance(channel, str) or not channel:
         raise ImproperlyConfigured("FAIRQUEUE['DATABASE'] and FAIRQUEUE['DEFAULT_CHANNEL'] must be non-empty strings")
+    try:
+        check_text("FAIRQUEUE['DEFAULT_CHANNEL']", channel, max_len=MAX_CHANNEL)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
     periodic = raw.get("PERIODIC", {}) or {}
     if not isinstance(periodic, dict):
         raise ImproperlyConfigured("FAIRQUEUE['PERIODIC'] must be a dict of schedule name -> settings")

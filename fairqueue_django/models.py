@@ -22,6 +22,7 @@ from django.db.models import Case, Exists, OuterRef, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
 from fairqueue.outcomes import HISTORY_OUTCOMES
+from fairqueue.text import visible
 from fairqueue_django import conf
 
 #: Where a live job can be (fairqueue.inspection.LIVE_STATES), in the order the admin lists them.
@@ -221,7 +222,7 @@ class Job(ReadOnlyModel):
         ]
 
     def __str__(self) -> str:
-        return f"job {self.id} ({self.kind})" if self.kind else f"job {self.id}"
+        return f"job {self.id} ({visible(self.kind)})" if self.kind else f"job {self.id}"
 
 
 class CompletedJob(ReadOnlyModel):
@@ -323,7 +324,7 @@ class Channel(ReadOnlyModel):
         default_permissions = ("view", "change")
 
     def __str__(self) -> str:
-        return self.name
+        return visible(self.name)
 
 
 class QueueOverview(Channel):
@@ -360,7 +361,7 @@ class Worker(ReadOnlyModel):
         default_permissions = ("view",)
 
     def __str__(self) -> str:
-        return f"worker {self.id} ({self.name})"
+        return f"worker {self.id} ({visible(self.name)})"
 
 
 class PeriodicScheduleQuerySet(models.QuerySet):
@@ -410,7 +411,7 @@ class PeriodicSchedule(ReadOnlyModel):
         verbose_name = "periodic schedule"
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.cron})"
+        return f"{visible(self.name)} ({visible(self.cron)})"
 
 
 __all__ = [

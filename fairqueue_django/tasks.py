@@ -20,12 +20,17 @@ How Django's task model maps onto fairqueue:
   ``atomic()`` the job commits or rolls back with the block (a savepoint's rollback takes it too).
   ``task_enqueued`` is sent at once, so it fires for a job whose transaction may still roll back.
 - The job's kind is the task's ``module_path``; its args are ``{"args": [...], "kwargs": {...}}``
-  (JSON, checked by Django's ``normalize_json`` and by fairqueue's own limits).
+  (JSON, checked by Django's ``normalize_json`` and by fairqueue's own limits). Arguments that are
+  not JSON (a set, an object, nesting 10,000 deep) raise :class:`InvalidTaskArguments`, both
+  fairqueue's ``InvalidJobError`` and the ``TypeError`` Django's own backends raise; nothing is
+  written. The result's ``enqueued_at`` is the time the job was stored with, as ``get_result`` reads.
 - The result id is the job id, as a string.
 - ``queue_name`` is the job's channel, so ``task.using(queue_name="tenant-42")`` picks the tenant per
-  call. Django's default queue name (``"default"``) is ``FAIRQUEUE['DEFAULT_CHANNEL']``, and that
-  channel reads back as ``"default"``. Without ``QUEUES`` in the backend's settings every queue name is
-  allowed (Django's own default would allow only ``"default"``); with ``QUEUES``, only those.
+  call; ``using`` refuses (``InvalidTask``) a queue name that cannot be a channel name (1 to 200
+  characters, no control characters). Django's default queue name (``"default"``) is
+  ``FAIRQUEUE['DEFAULT_CHANNEL']``, and that channel reads back as ``"default"``. Without ``QUEUES``
+  in the backend's settings every queue name is allowed (Django's own default would allow only
+  ``"default"``); with ``QUEUES``, only those.
 - ``priority`` is not supported: fairqueue weighs channels against each other, it has no per-job
   priority. ``run_after`` becomes the job's ``run_at``.
 - Attempts are fairqueue's: a task that raises is retried with backoff up to ``MAX_ATTEMPTS``
@@ -41,6 +46,9 @@ How Django's task model maps onto fairqueue:
   characters, without the note: what ``traceback.format_exception`` gave. Without a note (an error
   fairqueue recorded itself), the class is fairqueue's exception for the outcome: JobTimeout,
   JobCancelled, BadArgumentsError, else FairqueueError (lost worker, dependency failed, ...).
+  A return value that cannot be stored (not JSON for ``normalize_json``, or past fairqueue's limits)
+  fails the attempt with that error (a ``TypeError``, say) and its traceback, as ``task_finished``
+  carried it, and is not retried: the task ran, and would return the same.
   ``TaskResult.task`` is the ``@task`` object of the job's kind, found among the modules already
   imported in this process (nothing named by the database is ever imported): a job whose task is not
   loaded has no result here (``TaskResultDoesNotExist``).
@@ -77,16 +85,17 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 
 import fairqueue
+from fairqueue._db import executor_for
 from fairqueue.config import settings as fairqueue_settings
 from fairqueue.errors import InvalidJobError
 from fairqueue.inspection import JobInfo
 from fairqueue.sql import Q
-from fairqueue.tasks import Backoff, JobContext, registry
+from fairqueue.tasks import Backoff, JobContext, ResultNotStorable, registry
 from fairqueue.tasks import Task as FairqueueTask
-from fairqueue.validation import check_max_attempts, check_result, check_seconds
+from fairqueue.validation import MAX_CHANNEL, check_max_attempts, check_result, check_seconds, check_text
 from fairqueue_django import conf
 
-__all__ = ["FairQueueBackend"]
+__all__ = ["FairQueueBackend", "InvalidTaskArguments"]
 
 log = logging.getLogger("fairqueue.django.tasks")
 
@@ -172,14 +181,25 @@ class FairQueueBackend(BaseTaskBackend):
 
     # -- producing ----------------------------------------------------------------------------------
 
+    def validate_task(self, task: DjangoTask) -> None:
+        """Django's checks, and the queue name's as a fairqueue channel name (1 to 200 characters, no
+        control characters): ``task.using(queue_name=...)`` refuses one that no job could have."""
+        super().validate_task(task)
+        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+            try:
+                check_text("queue_name", task.queue_name, max_len=MAX_CHANNEL)
+            except InvalidJobError as exc:
+                raise InvalidTask(f"{exc} (a queue name is a fairqueue channel name)") from None
+
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
-        stored = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        stored = _normalized_arguments(task, args, kwargs)
         run_at = task.run_after
         if run_at is not None and timezone.is_naive(run_at):
             run_at = timezone.make_aware(run_at)  # naive is allowed with USE_TZ = False: TIME_ZONE's time
+        connection = connections[self.database]  # in its current transaction: no on_commit
         job_id = fairqueue.enqueue(
-            connections[self.database],  # in its current transaction: no on_commit
+            connection,
             task.module_path,
             stored,
             channel=self.channel_for(task.queue_name),
@@ -187,11 +207,13 @@ class FairQueueBackend(BaseTaskBackend):
             max_attempts=self.max_attempts,
             timeout=self.timeout,
         )
+        # the time the job was stored with, as get_result reads it back (not this process's clock)
+        [(enqueued_at,)] = executor_for(connection).rows(Q.django_enqueued_at, (job_id,))
         result = TaskResult(
             task=task,
             id=str(job_id),
             status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=enqueued_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -231,18 +253,29 @@ class FairQueueBackend(BaseTaskBackend):
                 f"{result_id}: job {job_id} runs {info.kind!r}, which is no Django task of a fairqueue "
                 "backend loaded in this process (import its module first)"
             )
-        running_started_at = None
-        if info.status == "running":
-            with connection.cursor() as cursor:
-                cursor.execute(Q.django_running_started_at, [job_id])
-                row = cursor.fetchone()
-            running_started_at = row[0] if row else None
         # a job that has not run yet and waits for its time: the run_after it was enqueued with
         run_after = None
         if info.status == "scheduled" and info.attempt == 0 and info.run_at and info.run_at > info.enqueued_at:
             run_after = info.run_at
         task = _task_for_job(found, self, info.channel, run_after)
-        return _result_from_job(info, task, self.alias, running_started_at)
+        return _result_from_job(info, task, self.alias)
+
+
+class InvalidTaskArguments(InvalidJobError, TypeError):
+    """A task's arguments that cannot be stored as JSON. It is fairqueue's :class:`InvalidJobError`
+    and the ``TypeError`` that Django's own backends raise for such arguments; nothing is written."""
+
+
+def _normalized_arguments(task: DjangoTask, args: Any, kwargs: Any) -> dict[str, Any]:
+    """The arguments as Django normalises them to JSON (tuples to lists, bytes to text), or
+    :class:`InvalidTaskArguments`: never a RecursionError or a bare TypeError from deep inside."""
+    where = f"the arguments of task {task.module_path}"
+    try:
+        return {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+    except RecursionError:
+        raise InvalidTaskArguments(f"{where} are nested too deeply to be stored as JSON") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidTaskArguments(f"{where} cannot be stored as JSON: {exc}") from None
 
 
 # -- reading jobs back --------------------------------------------------------------------------------
@@ -341,12 +374,13 @@ def _stored_arguments(args: object) -> tuple[list[Any], dict[str, Any]]:
     return (positional if isinstance(positional, list) else [], keywords if isinstance(keywords, dict) else {})
 
 
-def _result_from_job(info: JobInfo, task: DjangoTask, alias: str, running_started_at: datetime | None) -> TaskResult:
+def _result_from_job(info: JobInfo, task: DjangoTask, alias: str) -> TaskResult:
+    """The TaskResult of the job as get_job read it (in one statement: one snapshot)."""
     worker_ids, errors, starts = _attempt_history(info, before=info.attempt + 1)
     if info.status == "running" and info.worker_id is not None:
         worker_ids[info.attempt] = str(info.worker_id)
-        if running_started_at is not None:
-            starts.append(running_started_at)
+        if info.started_at is not None:
+            starts.append(info.started_at)
     status = STATUSES.get(info.status, TaskResultStatus.FAILED)
     args, kwargs = _stored_arguments(info.args)
     result = TaskResult(
@@ -477,10 +511,24 @@ def _run(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object 
     except Exception as exc:
         _failed(result, exc)
         task_finished.send_robust(sender, task_result=result)
-        return value  # the worker fails the job for good: "the handler's return value cannot be stored"
+        _note_class(exc)
+        # the worker fails the job for good and records exc with its traceback: what the signal carried
+        raise ResultNotStorable from exc
     _succeeded(result, stored)
     task_finished.send_robust(sender, task_result=result)
     return stored
+
+
+async def _send_failed(sender: type[BaseTaskBackend], result: TaskResult, exc: BaseException) -> None:
+    """``task_finished`` for a failed attempt of an async task. asend_robust runs sync receivers in a
+    thread that raises ``exc`` again (so they see it as the exception being handled), which adds that
+    thread's frames to its traceback: put back the traceback the TaskResult has, for the worker to
+    store the one the receivers saw."""
+    traceback = exc.__traceback__
+    try:
+        await task_finished.asend_robust(sender, task_result=result)
+    finally:
+        exc.__traceback__ = traceback
 
 
 async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object = None) -> Any:
@@ -505,15 +553,16 @@ async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: 
             value = await task.func(*positional, **keywords)
     except BaseException as exc:
         _failed(result, exc)
-        await task_finished.asend_robust(sender, task_result=result)
+        await _send_failed(sender, result, exc)
         _note_class(exc)
         raise
     try:
         stored = _storable(value)
     except Exception as exc:
         _failed(result, exc)
-        await task_finished.asend_robust(sender, task_result=result)
-        return value
+        await _send_failed(sender, result, exc)
+        _note_class(exc)
+        raise ResultNotStorable from exc
     _succeeded(result, stored)
     await task_finished.asend_robust(sender, task_result=result)
     return stored

@@ -92,3 +92,14 @@ def atomic_order(ctx: fairqueue.JobContext, note: str, fail: bool = False, gate:
     if fail:
         raise RuntimeError("failing after writing")
     return ctx.attempt
+
+
+@task
+def returns_a_set() -> Any:
+    return {"not", "json"}  # Django's normalize_json refuses a set (TypeError)
+
+
+@task
+async def async_returns_a_set() -> Any:
+    await asyncio.sleep(0)
+    return {"not", "json"}

@@ -129,6 +129,19 @@ def bad_result() -> object:
     return {1, 2, 3}
 
 
+@fairqueue.task(name="t.refuses_its_result", max_attempts=3, retry_backoff=0.05, retry_backoff_max=0.05)
+def refuses_its_result(with_cause: bool) -> object:
+    """Checks its own return value, as the django.tasks backend does, and finds it cannot be stored."""
+    from fairqueue.tasks import ResultNotStorable
+
+    try:
+        raise ValueError("the value is no JSON")
+    except ValueError as exc:
+        if with_cause:
+            raise ResultNotStorable from exc
+    raise ResultNotStorable("no cause given")
+
+
 @fairqueue.task(name="t.async_effect", pass_context=True, max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.1)
 async def async_effect(ctx: fairqueue.JobContext, fail: bool = False) -> int:
     """The async twin of t.effect: its write commits exactly when the job's success does."""

@@ -15,6 +15,7 @@ import psycopg
 from fairqueue.cli.args import bounded_int, connect, database_url_option, job_id_type, positive_float, refuse
 from fairqueue.errors import ConfigurationError
 from fairqueue.sql import Q
+from fairqueue.validation import MAX_CHANNEL, check_optional_text, check_text
 
 
 def _json_type(value: object) -> str:
@@ -106,6 +107,12 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     from fairqueue.errors import DuplicateJobError
     from fairqueue.producer import enqueue
 
+    # the names first, as enqueue checks them, so that a bad one is refused before any import or connection
+    check_text("kind", args.kind)
+    if args.channel is not None:
+        check_text("channel", args.channel, max_len=MAX_CHANNEL)
+    check_optional_text("unique_key", args.unique_key)
+    check_optional_text("fifo_key", args.fifo_key)
     job_args = _parse_job_args(args.args)
     run_at = None if args.run_at is None else _parse_run_at(args.run_at)
     channel, max_attempts = args.channel, args.max_attempts
@@ -183,6 +190,7 @@ def _cmd_periodic_pause(args: argparse.Namespace) -> int:
     from fairqueue.periodic import pause
 
     paused = args.periodic_command == "pause"
+    check_text("schedule name", args.name)  # as registering a schedule checks it
     with connect(args) as conn:
         found = pause(conn, args.name, paused=paused)
     if not found:
@@ -254,6 +262,7 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
     from fairqueue.channels import UNCHANGED, update_channel
     from fairqueue.errors import InvalidChannelConfigError
 
+    check_text("channel name", args.name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
     changes = (args.max_concurrency, args.rate_limit, args.burst, args.weight, args.paused)
     if all(c is None for c in changes) and not (args.no_max_concurrency or args.no_rate_limit):
         raise InvalidChannelConfigError(
@@ -311,9 +320,15 @@ def add_admin_commands(commands: Any) -> None:
     )
     enqueue.add_argument("--timeout", type=float, metavar="SECONDS", help="longest run per attempt")
     enqueue.add_argument(
-        "--unique-key", metavar="K", help="while an unfinished job holds K, print that job's id instead"
+        "--unique-key",
+        metavar="K",
+        help="while an unfinished job of the channel holds K, print that job's id instead",
     )
-    enqueue.add_argument("--fifo-key", metavar="K", help="jobs sharing K run one at a time, in enqueue order")
+    enqueue.add_argument(
+        "--fifo-key",
+        metavar="K",
+        help="jobs of the channel sharing K run one at a time, in enqueue order",
+    )
     enqueue.add_argument(
         "--after",
         type=job_id_type,

@@ -111,7 +111,7 @@ def add_worker_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]
     parser.add_argument(
         "--metrics-host",
         default="0.0.0.0",  # noqa: S104 - scraped from other hosts
-        help="address for --metrics-port (default 0.0.0.0)",
+        help="address for --metrics-port (default 0.0.0.0: every IPv4 address, for Prometheus elsewhere)",
     )
     parser.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")

@@ -17,7 +17,7 @@ from typing import Any
 
 from fairqueue.config import settings
 from fairqueue.consumer import Outcome
-from fairqueue.tasks import JobCancelled, JobTimeout, Registry
+from fairqueue.tasks import JobCancelled, JobTimeout, Registry, ResultNotStorable
 from fairqueue.text import clip
 from fairqueue.validation import check_result, clean_text
 from fairqueue.worker.state import Running
@@ -46,6 +46,9 @@ def failure(r: Running, exc: BaseException) -> Outcome:
         return Outcome(r.job.id, "timed_out", error=f"timed out after {r.ctx.timeout:g} s", retry_in=retry_in(r))
     if isinstance(exc, JobCancelled):
         return cancelled(r)
+    if isinstance(exc, ResultNotStorable) and exc.__cause__ is not None:
+        # the handler's return value cannot be stored, and its cause says why: not retried
+        return replace(failure(r, exc.__cause__), retry_in=None)
     try:
         message = str(exc)
     except Exception:

@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from fairqueue.errors import FairqueueError
-from fairqueue.text import first_line
+from fairqueue.text import first_line, visible
 from fairqueue_django import conf
 
 #: The most jobs or channels one action changes (a "select all" over a huge filter is refused).
@@ -37,15 +37,38 @@ BOTH_PLACES = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 # -- display helpers -----------------------------------------------------------------------------------
 
 
+# Names, keys, errors and worker infos are shown with their control characters made visible
+# (fairqueue.text.visible): stored before the schema refused them, or free text, they would otherwise
+# be invisible, or make two different names look the same.
+
+
+def shown(field: str, description: str | None = None) -> Callable[[Any], str]:
+    """A list column or read-only field that shows model field ``field`` as text, its control
+    characters made visible, and sorts by it. It is named after the field, so its column keeps the
+    field's CSS class (``field-name``)."""
+
+    def show(obj: Any) -> str:
+        value = getattr(obj, field)
+        return EMPTY if value is None or value == "" else visible(str(value))
+
+    show.__name__ = show.__qualname__ = field
+    return admin.display(description=description or field.replace("_", " "), ordering=field)(show)
+
+
 def pretty_json(value: Any) -> SafeString | str:
-    """Indented JSON in a <pre>, escaped."""
+    """Indented JSON in a <pre>, escaped (JSON escapes C0 controls; DEL and C1 are made visible)."""
     if value is None:
         return EMPTY
-    return format_html('<pre class="fairqueue-json">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False))
+    text = visible(json.dumps(value, indent=2, ensure_ascii=False), keep_newlines=True)
+    return format_html('<pre class="fairqueue-json">{}</pre>', text)
 
 
 def preformatted(text: str | None) -> SafeString | str:
-    return EMPTY if text is None else format_html('<pre class="fairqueue-text">{}</pre>', text)
+    """A text of several lines (an error and its traceback) in a <pre>, escaped, control characters
+    other than line feeds made visible."""
+    if text is None:
+        return EMPTY
+    return format_html('<pre class="fairqueue-text">{}</pre>', visible(text, keep_newlines=True))
 
 
 def seconds(value: timedelta | None) -> str:
@@ -59,7 +82,7 @@ def error_summary(head: str | None, tail: str | None = None) -> str:
     if line.startswith("Traceback (most recent call last)"):
         last = next((x.strip() for x in reversed((tail or head or "").splitlines()) if x.strip()), line)
         line = last
-    return line[:200]
+    return visible(line[:200])
 
 
 def local_time(value: datetime | None) -> str:
@@ -167,7 +190,7 @@ class QueueAdmin(admin.ModelAdmin):
                 with transaction.atomic(using=alias):
                     state = operation(item)
             except (DatabaseError, FairqueueError) as exc:
-                state, level, text = None, messages.ERROR, f"failed: {first_line(str(exc))}"
+                state, level, text = None, messages.ERROR, f"failed: {visible(first_line(str(exc)) or '')}"
             else:
                 level, text = texts.get(state, (messages.INFO, state))
             results.append((item, state))

@@ -19,9 +19,18 @@ from django.utils.http import urlencode
 import fairqueue
 from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
+from fairqueue.text import visible
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 from fairqueue_django import conf
-from fairqueue_django.admin.base import BOTH_PLACES, MAX_ACTION_ITEMS, QueueAdmin, admin_link, has_nul, time_field
+from fairqueue_django.admin.base import (
+    BOTH_PLACES,
+    MAX_ACTION_ITEMS,
+    QueueAdmin,
+    admin_link,
+    has_nul,
+    shown,
+    time_field,
+)
 from fairqueue_django.models import Channel, Job, RunningJob, ScheduledJob
 
 LIMIT_FIELDS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
@@ -160,11 +169,14 @@ STATE_FIELDS = (
 )  # fmt: skip
 
 
+NAME = shown("name")
+
+
 @admin.register(Channel)
 class ChannelAdmin(QueueAdmin):
     form = ChannelLimitsForm
     list_display = (
-        "name",
+        NAME,
         "backlog",
         "running_now",
         "max_concurrency",
@@ -183,7 +195,7 @@ class ChannelAdmin(QueueAdmin):
     ordering = ("name",)
     actions = ("pause_channels", "resume_channels")
     fieldsets = (
-        (None, {"fields": ("name",)}),
+        (None, {"fields": (NAME,)}),
         (
             "Limits",
             {
@@ -194,7 +206,7 @@ class ChannelAdmin(QueueAdmin):
         ),
         ("State", {"fields": STATE_FIELDS}),
     )
-    readonly_fields = ("name", *STATE_FIELDS)
+    readonly_fields = (NAME, *STATE_FIELDS)
 
     throttled = time_field("throttled_until", "throttled until")
     last_served = time_field("served_at", "last served")
@@ -234,7 +246,7 @@ class ChannelAdmin(QueueAdmin):
                 request,
                 format_html(
                     "Channel {} has live jobs but no settings yet, so it is not listed: {}.",
-                    term,
+                    visible(term),
                     admin_link("admin:fairqueue_channel_change", term, "open it to pause it or set limits"),
                 ),
                 messages.INFO,
@@ -291,7 +303,7 @@ class ChannelAdmin(QueueAdmin):
             return verb
 
         for name, state in self._per_item(
-            request, names, apply, {verb: (messages.SUCCESS, verb)}, lambda name: f"Channel {name}"
+            request, names, apply, {verb: (messages.SUCCESS, verb)}, lambda name: f"Channel {visible(name)}"
         ):
             if state is not None:
                 self.log_change(request, Channel(name=name), f"{verb.capitalize()}.")

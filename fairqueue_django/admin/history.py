@@ -37,6 +37,7 @@ from fairqueue_django.admin.base import (
     preformatted,
     pretty_json,
     seconds,
+    shown,
     time_field,
 )
 from fairqueue_django.admin.filters import ChannelFilter, FinishedFilter, KindFilter
@@ -143,11 +144,14 @@ RETRY_TEXTS = {
 }
 
 
+KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("unique_key"), shown("fifo_key")
+
+
 @admin.register(CompletedJob)
 class CompletedJobAdmin(QueueAdmin):
     # what fits beside the navigation and the filters in a 1400 px window: whether an attempt was
     # final is said with its outcome, and its wait, run time and worker are on the attempt's page
-    list_display = ("finished", "job", "attempt", "outcome_and_finality", "kind", "channel", "error_line")
+    list_display = ("finished", "job", "attempt", "outcome_and_finality", KIND, CHANNEL, "error_line")
     list_display_links = None
     list_filter = (FinishedFilter, "outcome", "final", ChannelFilter, KindFilter)
     search_fields = ("job_id",)
@@ -157,15 +161,15 @@ class CompletedJobAdmin(QueueAdmin):
     # the whole window (fine for a narrow one).
     ordering = ("-job_id", "-attempt")
     paginator = CappedPaginator
-    sortable_by = ("finished", "job", "attempt", "outcome_and_finality", "kind", "channel")
+    sortable_by = ("finished", "job", "attempt", "outcome_and_finality", KIND, CHANNEL)
     actions = ("retry_jobs",)
     fieldsets = (
-        (None, {"fields": ("job", "attempt", "outcome", "final_attempt", "kind", "channel", "worker_id")}),
+        (None, {"fields": ("job", "attempt", "outcome", "final_attempt", KIND, CHANNEL, "worker_id")}),
         ("Arguments", {"fields": ("pretty_args",)}),
         ("Result", {"fields": ("pretty_result",)}),
         ("Error", {"fields": ("pretty_error",)}),
         ("Times", {"fields": ("enqueued", "ready", "started", "finished", "wait", "run_time")}),
-        ("Keys", {"fields": ("unique_key", "fifo_key")}),
+        ("Keys", {"fields": (UNIQUE_KEY, FIFO_KEY)}),
         ("All attempts of this job", {"fields": ("all_attempts",)}),
         ("Admin actions on this job", {"fields": ("admin_actions",)}),
     )

@@ -14,6 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 import fairqueue
+from fairqueue.text import visible
 from fairqueue_django import conf
 from fairqueue_django.admin.base import (
     BOTH_PLACES,
@@ -24,6 +25,7 @@ from fairqueue_django.admin.base import (
     job_id_term,
     local_time,
     pretty_json,
+    shown,
     time_field,
 )
 from fairqueue_django.admin.filters import ChannelFilter, JobStatusFilter, KindFilter
@@ -38,37 +40,40 @@ CANCEL_TEXTS = {
 }
 
 
+KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("unique_key"), shown("fifo_key")
+
+
 @admin.register(Job)
 class JobAdmin(QueueAdmin):
-    list_display = ("id", "kind", "channel", "status", "attempts", "enqueued")
+    list_display = ("id", KIND, CHANNEL, "status", "attempts", "enqueued")
     list_filter = (JobStatusFilter, ChannelFilter, KindFilter)
     search_fields = ("kind", "channel")
     search_help_text = "A job id, or part of a kind or channel name."
     ordering = ("-id",)
-    sortable_by = ("id", "kind", "channel", "enqueued")
+    sortable_by = ("id", KIND, CHANNEL, "enqueued")
     actions = ("cancel_jobs",)
     fieldsets = (
-        (None, {"fields": ("id", "kind", "channel", "status", "where", "attempts")}),
+        (None, {"fields": ("id", KIND, CHANNEL, "status", "where", "attempts")}),
         ("Arguments", {"fields": ("pretty_args",)}),
         (
             "Options",
-            {"fields": ("max_attempts", "timeout_seconds", "unique_key", "fifo_key", "depends_on", "not_before")},
+            {"fields": ("max_attempts", "timeout_seconds", UNIQUE_KEY, FIFO_KEY, "depends_on", "not_before")},
         ),
         ("Times", {"fields": ("enqueued",)}),
         ("Earlier attempts", {"fields": ("attempt_history",)}),
     )
     readonly_fields = (
         "id",
-        "kind",
-        "channel",
+        KIND,
+        CHANNEL,
         "status",
         "where",
         "attempts",
         "pretty_args",
         "max_attempts",
         "timeout_seconds",
-        "unique_key",
-        "fifo_key",
+        UNIQUE_KEY,
+        FIFO_KEY,
         "depends_on",
         "not_before",
         "enqueued",
@@ -124,7 +129,7 @@ class JobAdmin(QueueAdmin):
             return format_html("waiting for job{} {} to succeed", "s" if len(ids) > 1 else "", _id_list(ids))
         if status == "waiting":
             key = FifoWaiting.objects.filter(job_id=obj.id).values_list("fifo_key", flat=True).first()
-            return format_html("queued behind the job holding FIFO key {}", key)
+            return format_html("queued behind the job holding FIFO key {}", visible(key or ""))
         scheduled = ScheduledJob.objects.filter(job_id=obj.id).first()
         if scheduled is None:
             return EMPTY

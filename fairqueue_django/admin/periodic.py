@@ -7,30 +7,33 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import connections, transaction
+from django.db import connections
 from django.http import HttpRequest
 from django.utils.html import format_html
 
 from fairqueue.periodic import has_fired
 from fairqueue.status import NEVER
+from fairqueue.text import visible
 from fairqueue_django import conf
-from fairqueue_django.admin.base import QueueAdmin, aware, local_time
+from fairqueue_django.admin.base import MAX_ACTION_ITEMS, QueueAdmin, aware, local_time, shown
 from fairqueue_django.models import PeriodicSchedule
+
+NAME, CRON, TIMEZONE, KIND, CHANNEL = (shown(field) for field in ("name", "cron", "timezone", "kind", "channel"))
 
 
 @admin.register(PeriodicSchedule)
 class PeriodicScheduleAdmin(QueueAdmin):
-    list_display = ("name", "cron", "timezone", "kind", "channel", "state", "last_run", "next_run", "last_job")
+    list_display = (NAME, CRON, TIMEZONE, KIND, CHANNEL, "state", "last_run", "next_run", "last_job")
     list_filter = ("paused",)
     search_fields = ("name", "kind")
     ordering = ("name",)
     actions = ("pause_schedules", "resume_schedules")
     fields = (
-        "name",
-        "cron",
-        "timezone",
-        "kind",
-        "channel",
+        NAME,
+        CRON,
+        TIMEZONE,
+        KIND,
+        CHANNEL,
         "pretty_args",
         "missed",
         "state",
@@ -86,14 +89,22 @@ class PeriodicScheduleAdmin(QueueAdmin):
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
     def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
+        """Each schedule in its own transaction, with fairqueue.periodic.pause; one it refuses (a name
+        stored before control characters were refused) gets an error message, the others change."""
         from fairqueue.periodic import pause
 
-        names = [obj.name for obj in queryset]
-        with transaction.atomic(using=conf.get().database):
-            for name in names:
-                pause(connections[conf.get().database], name, paused=paused)
+        names = list(queryset.order_by("name").values_list("name", flat=True)[: MAX_ACTION_ITEMS + 1])
+        if self._too_many(request, len(names), "schedules"):
+            return
+        db = connections[conf.get().database]
         verb = "paused" if paused else "resumed"
-        self.message_user(request, f"{len(names)} schedule(s) {verb}: {', '.join(names)}", messages.SUCCESS)
+        self._per_item(
+            request,
+            names,
+            lambda name: verb if pause(db, name, paused=paused) else "not_found",
+            {verb: (messages.SUCCESS, verb), "not_found": (messages.WARNING, "not found")},
+            lambda name: f"Schedule {visible(name)}",
+        )
 
     @admin.action(permissions=["pause"], description="Pause selected schedules")
     def pause_schedules(self, request: HttpRequest, queryset: Any) -> None:

@@ -13,24 +13,32 @@ from django.http import HttpRequest
 from django.utils.html import format_html_join
 from django.utils.safestring import SafeString
 
-from fairqueue_django.admin.base import EMPTY, QueueAdmin, admin_link, pretty_json, seconds, time_field
+from fairqueue.text import visible
+from fairqueue_django.admin.base import EMPTY, QueueAdmin, admin_link, pretty_json, seconds, shown, time_field
 from fairqueue_django.models import RunningJob, Worker
+
+NAME = shown("name")
+
+
+def _info(value: Any) -> str:
+    """A field of the worker's info (free JSON, registered by whatever code ran the worker)."""
+    return visible(str(value)) if value else EMPTY
 
 
 @admin.register(Worker)
 class WorkerAdmin(QueueAdmin):
-    list_display = ("id", "name", "host", "pid", "heartbeat_age", "lease_left", "running_now")
+    list_display = ("id", NAME, "host", "pid", "heartbeat_age", "lease_left", "running_now")
     search_fields = ("name",)
     ordering = ("id",)
     fieldsets = (
-        (None, {"fields": ("id", "name", "host", "pid", "concurrency")}),
+        (None, {"fields": ("id", NAME, "host", "pid", "concurrency")}),
         ("Lease", {"fields": ("started", "last_heartbeat", "heartbeat_age", "lease_expires", "lease_left")}),
         ("Jobs", {"fields": ("running_now", "running_list")}),
         ("Registered info", {"fields": ("pretty_info",)}),
     )
     readonly_fields = (
         "id",
-        "name",
+        NAME,
         "host",
         "pid",
         "concurrency",
@@ -67,15 +75,15 @@ class WorkerAdmin(QueueAdmin):
 
     @admin.display(description="host")
     def host(self, obj: Worker) -> str:
-        return getattr(obj, "info_host", None) or EMPTY
+        return _info(getattr(obj, "info_host", None))
 
     @admin.display(description="pid")
     def pid(self, obj: Worker) -> str:
-        return getattr(obj, "info_pid", None) or EMPTY
+        return _info(getattr(obj, "info_pid", None))
 
     @admin.display(description="concurrency")
     def concurrency(self, obj: Worker) -> str:
-        return getattr(obj, "info_concurrency", None) or EMPTY
+        return _info(getattr(obj, "info_concurrency", None))
 
     @admin.display(description="heartbeat age", ordering="heartbeat_at")
     def heartbeat_age(self, obj: Worker) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -103,6 +104,27 @@ def test_a_database_error_inside_a_function_prints_its_primary_message_alone(
         conn.execute("DROP TRIGGER IF EXISTS test_refuse_jobs ON fairqueue.job")
         conn.execute("DROP FUNCTION IF EXISTS public.test_refuse_jobs()")
     assert count(conn, "job") == 0
+
+
+def test_a_database_error_with_control_characters_prints_them_as_escapes(
+    cli: Run, conn: psycopg.Connection[Any]
+) -> None:
+    """A database message may quote stored text (a name stored before control characters were refused)."""
+    conn.execute(
+        """
+        CREATE OR REPLACE FUNCTION public.test_refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION E'refused in channel evil\x1b[2K\x7f\u009b'; END $$;
+        CREATE OR REPLACE TRIGGER test_refuse_jobs BEFORE INSERT ON fairqueue.job
+            FOR EACH ROW EXECUTE FUNCTION public.test_refuse_jobs();
+        """
+    )
+    try:
+        code, _, err = cli("enqueue", "k")
+        assert code == 1
+        assert _one_error_line(err) == "fairqueue: error: database error: refused in channel evil\\x1b[2K\\x7f\\x9b"
+    finally:
+        conn.execute("DROP TRIGGER IF EXISTS test_refuse_jobs ON fairqueue.job")
+        conn.execute("DROP FUNCTION IF EXISTS public.test_refuse_jobs()")
 
 
 def test_enqueue_options(cli: Run, conn: psycopg.Connection[Any]) -> None:
@@ -359,6 +381,48 @@ def test_status_shows_channels_workers_and_failures(
         "failed",
         "Boom: it broke",
     )
+
+
+def test_status_shows_control_characters_in_stored_text_as_escapes(
+    cli: Run, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """Names stored before the schema refused control characters, worker names and infos that older
+    code registered, and error texts (free text) cannot forge or recolour a line of the text view."""
+    failed = _failed_job(conn, worker, "Boom\x1b[2K\tFORGED 1 failed\x9b31m")
+    conn.execute(
+        "UPDATE fairqueue.completed_job SET kind = %s, channel = %s WHERE job_id = %s",
+        ("k\x1b[31m", "evil\rFORGED", failed),
+    )
+    fairqueue.configure_channel(conn, "c1")
+    conn.execute("UPDATE fairqueue.channel SET name = %s WHERE name = 'c1'", ("c1\nFORGED 9 9 9",))
+    conn.execute(
+        "UPDATE fairqueue.worker SET name = %s, info = %s WHERE id = %s",
+        ("box\x1b]0;title\x07", json.dumps({"host": "h\rFORGED", "pid": "1\n2", "concurrency": "\u2028"}), worker),
+    )
+    conn.execute(
+        "SELECT fairqueue.register_periodic('nightly', '0 3 * * *', 'UTC', 'k', 'c', '{}', 'skip')",
+    )
+    conn.execute("UPDATE fairqueue.periodic_schedule SET name = %s, kind = %s", ("p\nFORGED", "k\x85"))
+
+    outputs = [cli(*command)[1] for command in (["status"], ["channels", "list"], ["periodic", "list"])]
+    for out in outputs:
+        assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]", out), out
+        assert not any(line.startswith("FORGED") for line in out.splitlines()), out
+    status, channels, periodic = outputs
+    for shown in ("c1\\nFORGED 9 9 9", "box\\x1b]0;title\\x07", "h\\rFORGED", "1\\n2", "\\u2028"):
+        assert shown in status, shown
+    lines = status.splitlines()
+    start = lines.index("RECENT FAILURES (last 24h, newest first)")
+    [failure] = lines[start + 2 : lines.index("", start)]
+    assert "k\\x1b[31m" in failure and "evil\\rFORGED" in failure
+    assert "Boom\\x1b[2K\\tFORGED 1 failed\\x9b31m" in failure
+    assert "c1\\nFORGED 9 9 9" in channels
+    assert "p\\nFORGED" in periodic and "k\\x85" in periodic
+
+    # the JSON view has the texts as stored (JSON escapes them)
+    data = json.loads(cli("status", "--json")[1])
+    assert data["workers"][0]["name"] == "box\x1b]0;title\x07"
+    assert data["failures"][0]["error"] == "Boom\x1b[2K\tFORGED 1 failed\x9b31m"
 
 
 def test_status_window_and_failure_count(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:

@@ -5,6 +5,7 @@ nested 100,000 deep or with a lone surrogate)."""
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import psycopg
@@ -25,6 +26,8 @@ ENQUEUE = [
     (["--delay", "nan"], "delay must be a finite number of seconds"),
     (["--timeout", "1e300"], "timeout must be at most 10 years"),
     (["--timeout=-inf"], "timeout must be a finite number of seconds"),
+    (["--run-at", "9999-12-31T23:00-10:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
+    (["--run-at", "0001-01-01T00:00+14:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
 ]
 
 
@@ -78,6 +81,33 @@ def test_enqueue_refuses_a_kind_that_is_not_valid_unicode(
     assert count(conn, "job") == 0
 
 
+NAMES = [
+    (["enqueue", "evil\nkind"], "kind must not contain control characters"),
+    (["enqueue", "k", "--channel", "evil\x1b[2Kchannel"], "channel must not contain control"),
+    (["enqueue", "k", "--channel", "x" * 201], "channel must be 1 to 200 characters long"),
+    (["enqueue", "k", "--unique-key", "key\r"], "unique_key must not contain control"),
+    (["enqueue", "k", "--fifo-key", "key\x9b"], "fifo_key must not contain control"),
+    (["enqueue", "k", "--fifo-key", ""], "fifo_key must be 1 to 255 characters long"),
+    (["channels", "set", "evil\nchannel", "--weight", "2"], "channel name must not contain control"),
+    (["periodic", "pause", "p\x1b"], "schedule name must not contain control characters"),
+    (["periodic", "resume", "p\x7f"], "schedule name must not contain control characters"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), NAMES, ids=[repr(" ".join(a))[:40] for a, _ in NAMES])
+def test_names_with_control_characters_are_refused_before_connecting(
+    db_url: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    for url in (UNREACHABLE, db_url):  # refused before it connects, and nothing written
+        code, out, err = _run([*argv, "--database-url", url], capsys)
+        assert (code, out) == (2, "")
+        line = _one_line(err)
+        assert message in line
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f]", line), line  # the refused name is not echoed raw
+    for table in ("job", "channel", "periodic_schedule"):
+        assert count(conn, table) == 0, table
+
+
 WORKER = [
     (["--metrics-port", "99999"], "argument --metrics-port: must be a port number from 1 to 65535, got '99999'"),
     (["--metrics-port", "-1"], "argument --metrics-port: must be a port number"),
@@ -93,6 +123,7 @@ WORKER = [
     (["--grace", "1e300"], "argument --grace"),
     (["--name", "w\udcff"], "worker name must be valid Unicode"),
     (["--name", "x" * 256], "worker name must be 1 to 255 characters long"),
+    (["--name", "w\x1b[2K"], "worker name must not contain control characters"),
 ]
 
 

@@ -4,7 +4,9 @@ caller rolls back; bad input raises a clear error, writes nothing and leaves the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -83,6 +85,88 @@ def test_bad_input_writes_nothing_and_the_transaction_goes_on(caller: Caller, op
         fairqueue.enqueue(tx.db, "k", {"fine": True})  # the caller's transaction is still usable
         tx.commit()
     assert caller.orders() == 1 and count(caller.conn, "job") == 1
+
+
+#: run_at values that are aware datetimes but fall outside the years 1 to 9999 once in UTC
+AFTER_9999 = datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-10)))
+BEFORE_YEAR_1 = datetime(1, 1, 1, 0, 0, tzinfo=timezone(timedelta(hours=14)))
+NOT_A_BIGINT = 2**63
+
+BAD_INPUT: dict[str, tuple[Callable[[Any], object], str]] = {
+    "enqueue channel with a newline": (
+        lambda db: fairqueue.enqueue(db, "k", channel="evil\nchannel"),
+        "channel must not contain control characters",
+    ),
+    "enqueue_many kind with an escape": (
+        lambda db: fairqueue.enqueue_many(db, [{"kind": "k"}, {"kind": "k\x1b[2J"}]),
+        "kind must not contain control characters",
+    ),
+    "bulk_enqueue fifo_key with a C1 control": (
+        lambda db: fairqueue.bulk_enqueue(db, [{"kind": "k"}, {"kind": "k", "fifo_key": "f\x9b"}]),
+        "fifo_key must not contain control characters",
+    ),
+    "enqueue run_at after 9999 in UTC": (
+        lambda db: fairqueue.enqueue(db, "k", run_at=AFTER_9999),
+        "run_at must be from 0001-01-02 to 9999-12-30 in UTC",
+    ),
+    "enqueue_many run_at before the year 1 in UTC": (
+        lambda db: fairqueue.enqueue_many(db, [{"kind": "k"}, {"kind": "k", "run_at": BEFORE_YEAR_1}]),
+        "run_at must be from",
+    ),
+    "bulk_enqueue run_at after 9999 in UTC": (
+        lambda db: fairqueue.bulk_enqueue(db, [{"kind": "k"}, {"kind": "k", "run_at": AFTER_9999}]),
+        "run_at must be from",
+    ),
+    "enqueue after a job id past bigint": (
+        lambda db: fairqueue.enqueue(db, "k", after=[NOT_A_BIGINT]),
+        "after must contain job ids",
+    ),
+    "enqueue_many after a job id past bigint": (
+        lambda db: fairqueue.enqueue_many(db, [{"kind": "k", "after": [1, NOT_A_BIGINT]}]),
+        "after must contain job ids",
+    ),
+    "bulk_enqueue after a job id past bigint": (
+        lambda db: fairqueue.bulk_enqueue(db, [{"kind": "k", "after": [NOT_A_BIGINT]}]),
+        "after must contain job ids",
+    ),
+    "get_job of an id past bigint": (lambda db: fairqueue.get_job(db, NOT_A_BIGINT), "job_id must be a whole number"),
+    "get_job of an id that is not a number": (
+        lambda db: fairqueue.get_job(db, "7"),  # type: ignore[arg-type]
+        "job_id must be a whole number",
+    ),
+    "cancel of an id past bigint": (lambda db: fairqueue.cancel(db, NOT_A_BIGINT), "job_id must be a whole number"),
+    "retry of an id past bigint": (lambda db: fairqueue.retry(db, NOT_A_BIGINT), "job_id must be a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_names_times_and_ids_are_refused_before_any_statement(caller: Caller, case: str) -> None:
+    """Refused with a clear error, nothing written, and the caller's transaction still usable (a value
+    the database refuses, such as a bigint out of range, would have aborted it)."""
+    call, message = BAD_INPUT[case]
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('before')")
+        with pytest.raises(fairqueue.InvalidJobError, match=re.escape(message)):
+            call(tx.db)
+        fairqueue.enqueue(tx.db, "k", {"fine": True})  # the caller's transaction is still usable
+        tx.commit()
+    assert caller.orders() == 1 and count(caller.conn, "job") == 1
+
+
+#: text that holds a backslash followed by u0000: JSON writes it as \\u0000, which is no NUL
+NOT_A_NUL = {"path": "C:\\u0000\\x", "pattern": "\\\\u0000", "nested": ["\\u0000"]}
+
+
+def test_args_with_the_text_of_a_nul_escape_are_stored_as_given(caller: Caller, worker_of: int) -> None:
+    with caller.transaction() as tx:
+        fairqueue.enqueue(tx.db, "k", NOT_A_NUL, channel="a")
+        fairqueue.enqueue_many(tx.db, [{"kind": "k", "args": NOT_A_NUL, "channel": "b"}])
+        fairqueue.bulk_enqueue(tx.db, [{"kind": "k", "args": NOT_A_NUL, "channel": "c"}])
+        with pytest.raises(fairqueue.InvalidJobError, match="contains a NUL character"):
+            fairqueue.enqueue(tx.db, "k", {"path": "C:\\\x00"})  # a backslash, then a real NUL
+        tx.commit()
+    claimed = fairqueue.claim_batch(caller.conn, worker_of, 10)
+    assert [job.args for job in claimed] == [NOT_A_NUL] * 3
 
 
 def test_a_unique_key_held_in_the_transaction_returns_the_same_job(caller: Caller) -> None:

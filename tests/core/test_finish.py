@@ -227,3 +227,40 @@ def test_claim_limit_is_checked(conn: psycopg.Connection[Any], worker: int) -> N
 
 def test_get_job_of_unknown_id(conn: psycopg.Connection[Any]) -> None:
     assert fairqueue.get_job(conn, 12345) is None
+
+
+def test_ids_leases_and_retry_times_are_checked_before_any_statement(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """What a caller gives the worker-side calls is checked first: an id past the bigint range, a lease
+    or a retry delay whose end no datetime can hold, a worker name with control characters. The
+    caller's transaction (a handler's, say) stays usable."""
+    from fairqueue.inspection import job_attempts
+
+    huge = 2**63
+    job_id = fairqueue.enqueue(conn, "k", max_attempts=3)
+    [job] = fairqueue.claim_batch(conn, worker, 1)
+    tx = connect(autocommit=False)
+    calls: list[tuple[Any, str]] = [
+        (lambda: fairqueue.heartbeat(tx, huge), "worker_id must be a whole number"),
+        (lambda: fairqueue.claim_batch(tx, huge, 1), "worker_id must be a whole number"),
+        (lambda: fairqueue.deregister_worker(tx, 0), "worker_id must be a whole number"),
+        (lambda: fairqueue.complete(tx, huge, job.id), "worker_id must be a whole number"),
+        (lambda: fairqueue.release(tx, worker, [job.id, huge]), "job_id must be a whole number"),
+        (lambda: fairqueue.finish(tx, worker, [fairqueue.Outcome(huge)]), "job_id must be a whole number"),
+        (lambda: fairqueue.fail(tx, worker, job.id, "boom", retry_in=1e12), "retry_in must be at most 10 years"),
+        (lambda: fairqueue.fail(tx, worker, job.id, "boom", retry_in=float("nan")), "retry_in must be a finite"),
+        (lambda: fairqueue.register_worker(tx, "w", lease_seconds=1e12), "lease_seconds must be more than zero"),
+        (lambda: fairqueue.heartbeat(tx, worker, lease_seconds=float("inf")), "lease_seconds must be more than"),
+        (lambda: fairqueue.register_worker(tx, "w\x1b[2K"), "worker name must not contain control characters"),
+        (lambda: job_attempts(tx, huge), "job_id must be a whole number"),
+    ]
+    for call, message in calls:
+        with pytest.raises(ValueError, match=message):
+            call()
+        tx.execute("SELECT 1")  # the transaction is not aborted
+    assert fairqueue.complete(tx, worker, job_id)
+    tx.commit()
+    info = fairqueue.get_job(conn, job_id)
+    assert info is not None and info.status == "succeeded"
+    assert count(conn, "worker") == 1

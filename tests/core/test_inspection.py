@@ -3,6 +3,7 @@ jobs waited to start (fairqueue.status.collect_wait_times), on a real database."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -29,6 +30,34 @@ def test_a_jobs_attempts_oldest_first_across_an_operators_retry(conn: psycopg.Co
     assert attempts[0].finished_at <= attempts[1].finished_at and attempts[0].started_at is not None
     info = fairqueue.get_job(conn, job_id)
     assert info is not None and info.attempts == attempts
+
+
+def test_get_job_reads_the_job_and_its_attempts_in_one_snapshot(
+    db_url: str, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A poll while the job's attempt fails and the job waits to retry: another session's commit lands
+    right after the poll's first statement. The poll shows the job before that commit (running, no
+    attempt listed yet), never running with the running attempt's error already listed."""
+    job_id = fairqueue.enqueue(conn, "k", max_attempts=3)
+    [job] = fairqueue.claim_batch(conn, worker, 1)
+    assert job.id == job_id
+    commits: list[Callable[[], object]] = [lambda: fairqueue.fail(conn, worker, job_id, "attempt 1 broke", retry_in=0)]
+
+    class CommitAfterEachStatement(psycopg.Cursor[Any]):
+        def execute(self, *args: Any, **kwargs: Any) -> CommitAfterEachStatement:
+            done = super().execute(*args, **kwargs)
+            while commits:
+                commits.pop()()
+            return done
+
+    with psycopg.connect(db_url, autocommit=True, cursor_factory=CommitAfterEachStatement) as poller:
+        polled = fairqueue.get_job(poller, job_id)
+    assert commits == []  # the other session committed during the poll
+    assert polled is not None and (polled.status, polled.attempt, polled.attempts) == ("running", 1, [])
+
+    after = fairqueue.get_job(conn, job_id)
+    assert after is not None and after.status == "scheduled"
+    assert [(a.attempt, a.outcome, a.error) for a in after.attempts] == [(1, "failed", "attempt 1 broke")]
 
 
 def _finished(conn: psycopg.Connection[Any], job_id: int, channel: str, waited: float, hours_ago: float = 0) -> None:

@@ -135,6 +135,19 @@ def test_a_paused_schedule_fires_nothing_until_resumed(conn: psycopg.Connection[
     assert not pause(conn, "no-such-schedule")
 
 
+@pytest.mark.parametrize("name", ["p\x00", "p\udcff", "p\n", "p\x1b[2J", ""])
+def test_pausing_a_name_no_schedule_can_have_is_refused_before_any_statement(
+    connect: Any, conn: psycopg.Connection[Any], name: str
+) -> None:
+    runner(entry()).tick(conn, now=db_now(conn))
+    tx = connect(autocommit=False)
+    with pytest.raises(InvalidJobError, match="schedule name must"):
+        pause(tx, name)
+    assert pause(tx, "every-minute")  # the transaction goes on
+    tx.commit()
+    assert conn.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchall() == [(True,)]
+
+
 @pytest.mark.parametrize(("missed", "expected_jobs"), [("skip", 0), ("catch_up", 1)])
 def test_ticks_that_fell_due_while_paused_are_missed_after_the_resume(
     conn: psycopg.Connection[Any], missed: str, expected_jobs: int

@@ -3,6 +3,7 @@ what each page shows, the actions (cancel, retry, pause/resume, channel limits) 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -1120,3 +1121,131 @@ def test_a_finished_attempts_page_has_no_history_button_and_lists_the_admins_act
     assert f"{USER_PREFIX}root: Cancel: cancelled." in page
     # a live job's page keeps its History
     assert f'href="{ADMIN}/job/{queue.running}/history/"' in _text(client.get(f"{ADMIN}/job/{queue.running}/change/"))
+
+
+# -- stored control characters ------------------------------------------------------------------------
+
+
+def _shown_texts(page: str) -> list[str]:
+    """What a page shows: its text and the attributes a browser displays (not the keys a form sends
+    back, such as the value of an action's checkbox, which must stay the stored key)."""
+    from html.parser import HTMLParser
+
+    texts: list[str] = []
+
+    class Shown(HTMLParser):
+        def handle_data(self, data: str) -> None:
+            texts.append(data)
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            texts.extend(value or "" for key, value in attrs if key in ("title", "aria-label", "alt", "placeholder"))
+
+    Shown().feed(page)
+    return texts
+
+
+def test_stored_control_characters_are_shown_as_escapes_on_every_page(
+    login: MakeClient, dj: psycopg.Connection[Any]
+) -> None:
+    """Names stored before the schema refused control characters, a worker's name and info that older
+    code registered, and error texts (free text) show as escapes: nothing raw reaches the page, where
+    an invisible character could make two channels look the same."""
+    from django.contrib.admin.utils import quote
+    from django.urls import reverse
+
+    from fairqueue_django.admin import attempt_key
+    from fairqueue_django.models import CompletedJob
+
+    worker = fairqueue.register_worker(dj, "w", lease_seconds=300, info={"host": "h", "pid": 1})
+    failed = fairqueue_django.enqueue("k", channel="acme", max_attempts=1)
+    fairqueue.claim_batch(dj, worker, 1)
+    fairqueue.fail(dj, worker, failed, "Boom\x1b[31m\x9b\nTraceback (most recent call last):\n  File\x7f")
+    live = fairqueue_django.enqueue("k", channel="acme", unique_key="u", delay=3600)
+    fairqueue.configure_channel(dj, "acme")
+    dj.execute("SELECT fairqueue.register_periodic('p', '0 3 * * *', 'UTC', 'k', 'acme', '{}', 'skip')")
+    dj.execute("UPDATE fairqueue.job SET kind = %s, unique_key = %s WHERE id = %s", ("k\x1b[2J", "u\x85", live))
+    dj.execute("UPDATE fairqueue.completed_job SET kind = %s, channel = %s", ("k\x1b[2J", "evil\nchannel"))
+    dj.execute("UPDATE fairqueue.channel SET name = %s WHERE name = 'acme'", ("acme\x9b",))
+    dj.execute(
+        "UPDATE fairqueue.worker SET name = %s, info = %s",
+        ("w\x1b]0;t\x07", json.dumps({"host": "h\x1b[1m", "pid": "1\x9b"})),
+    )
+    dj.execute("UPDATE fairqueue.periodic_schedule SET name = %s, kind = %s", ("p\x1b", "k\x7f"))
+
+    client = login("escapes", superuser=True)
+    row = CompletedJob.objects.get(job_id=failed)
+    pages = {
+        "jobs": f"{ADMIN}/job/",
+        "job": f"{ADMIN}/job/{live}/change/",
+        "history": f"{ADMIN}/completedjob/",
+        "attempt": reverse("admin:fairqueue_completedjob_change", args=[attempt_key(row)]),
+        "channels": f"{ADMIN}/channel/",
+        "channel": reverse("admin:fairqueue_channel_change", args=[quote("acme\x9b")]),
+        "workers": f"{ADMIN}/worker/",
+        "worker": f"{ADMIN}/worker/{worker}/change/",
+        "schedules": f"{ADMIN}/periodicschedule/",
+        "overview": f"{ADMIN}/queueoverview/",
+    }
+    html = {}
+    for name, url in pages.items():
+        response = client.get(url)
+        assert response.status_code == 200, name
+        html[name] = _text(response)
+        raw = [text for text in _shown_texts(html[name]) if re.search(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]", text)]
+        assert raw == [], (name, raw)
+    assert "k\\x1b[2J" in html["jobs"] and "k\\x1b[2J" in html["job"] and "u\\x85" in html["job"]
+    assert "evil\\nchannel" in html["history"] and "k\\x1b[2J" in html["history"]
+    assert "Boom\\x1b[31m\\x9b" in html["history"]
+    assert "Boom\\x1b[31m\\x9b" in html["attempt"] and "File\\x7f" in html["attempt"]
+    assert "acme\\x9b" in html["channels"] and "acme\\x9b" in html["channel"]
+    assert "w\\x1b]0;t\\x07" in html["workers"] and "h\\x1b[1m" in html["workers"] and "1\\x9b" in html["workers"]
+    assert "w\\x1b]0;t\\x07" in html["worker"] and "h\\x1b[1m" in html["worker"]
+    assert "p\\x1b" in html["schedules"] and "k\\x7f" in html["schedules"]
+    for shown in ("acme\\x9b", "w\\x1b]0;t\\x07", "h\\x1b[1m", "evil\\nchannel", "Boom\\x1b[31m\\x9b"):
+        assert shown in html["overview"], shown
+
+
+def test_a_stored_channel_name_with_control_characters_cannot_be_configured(
+    login: MakeClient, dj: psycopg.Connection[Any]
+) -> None:
+    """The channel form and the pause action refuse it, as fairqueue.update_channel does, with a
+    message that shows the name with escapes; nothing changes."""
+    from django.contrib.admin.utils import quote
+    from django.urls import reverse
+
+    fairqueue.configure_channel(dj, "acme")
+    dj.execute("UPDATE fairqueue.channel SET name = %s", ("acme\x1b[2J",))
+    client = login("old-names", superuser=True)
+    url = reverse("admin:fairqueue_channel_change", args=[quote("acme\x1b[2J")])
+    response = client.post(url, _form_data(client.get(url).context["adminform"].form, weight=3))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors.get("__all__", [])
+    assert any("channel name must not contain control characters" in e for e in errors), errors
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "acme\x1b[2J"), follow=True)
+    assert _messages(response) == [
+        "Channel acme\\x1b[2J: failed: channel name must not contain control characters (newline, tab, escape, "
+        "...): it contains U+001B"
+    ]
+    assert _channel(dj, "acme\x1b[2J") == (None, None, 1.0, 1, False)
+
+
+def test_pausing_schedules_reports_a_stored_name_it_refuses_and_pauses_the_others(
+    dj: psycopg.Connection[Any], login: MakeClient
+) -> None:
+    for name in ("nightly", "old"):
+        dj.execute(
+            "SELECT fairqueue.register_periodic(%s, '0 2 * * *', 'UTC', 'reports.nightly', 'reports', '{}', 'skip')",
+            (name,),
+        )
+    dj.execute("UPDATE fairqueue.periodic_schedule SET name = %s WHERE name = 'old'", ("old\x1b[2J",))
+    client = login("root", superuser=True)
+    selected = {"action": "pause_schedules", "_selected_action": ["nightly", "old\x1b[2J"]}
+    response = client.post("/admin/fairqueue/periodicschedule/", selected, follow=True)
+    assert response.status_code == 200
+    assert _messages(response) == [
+        "Schedule nightly: paused",
+        "Schedule old\\x1b[2J: failed: schedule name must not contain control characters (newline, tab, escape, "
+        "...): it contains U+001B",
+    ]
+    paused = dict(dj.execute("SELECT name, paused FROM fairqueue.periodic_schedule").fetchall())
+    assert paused == {"nightly": True, "old\x1b[2J": False}

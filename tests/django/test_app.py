@@ -62,6 +62,26 @@ def test_a_job_enqueued_in_atomic_rolls_back_with_the_block(dj: psycopg.Connecti
     assert _orders(dj) == [] and _kinds(dj) == []
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"channel": ""}, "channel must be 1 to 200 characters long"),  # not the default channel in disguise
+        ({"channel": "evil\nchannel"}, "channel must not contain control characters"),
+        ({"channel": "web", "unique_key": "key\x1b[2K"}, "unique_key must not contain control characters"),
+        ({"after": [2**63]}, "after must contain job ids"),
+    ],
+)
+def test_enqueue_on_djangos_connection_refuses_bad_names_and_ids(
+    dj: psycopg.Connection[Any], options: dict[str, Any], message: str
+) -> None:
+    with transaction.atomic():
+        _write_order("paid")
+        with pytest.raises(fairqueue.InvalidJobError, match=message):
+            fairqueue_django.enqueue("orders.confirm", **options)
+        fairqueue_django.enqueue("orders.confirm")  # the transaction goes on
+    assert _orders(dj) == ["paid"] and _kinds(dj) == ["orders.confirm"]
+
+
 def test_a_nested_atomic_block_that_rolls_back_takes_only_its_own_job(dj: psycopg.Connection[Any]) -> None:
     def failing_step() -> None:
         with transaction.atomic():  # a savepoint
@@ -141,6 +161,8 @@ def test_a_correct_setup_passes_the_checks(django_url: str) -> None:
         ({"DATABASE": "lite"}, "fairqueue.E003"),
         ({"SURPRISE": 1}, "fairqueue.E001"),
         ({"WORKER": {"CONCURENCY": 4}}, "fairqueue.E001"),
+        ({"DEFAULT_CHANNEL": "web\x1b[2K"}, "fairqueue.E001"),
+        ({"DEFAULT_CHANNEL": "x" * 201}, "fairqueue.E001"),
     ],
 )
 def test_misconfiguration_is_explained_by_a_check(django_url: str, setting: dict[str, Any], expected: str) -> None:

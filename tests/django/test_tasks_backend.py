@@ -10,7 +10,7 @@ import asyncio
 import re
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from traceback import format_exception
 from typing import Any
 
@@ -172,6 +172,69 @@ def test_arguments_must_be_json(dj: psycopg.Connection[Any], tasks: Any) -> None
     assert _jobs(dj) == []
 
 
+def test_arguments_that_cannot_be_json_raise_the_backends_error_and_write_nothing(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    from fairqueue.errors import InvalidJobError
+    from fairqueue_django.tasks import InvalidTaskArguments
+
+    deep: list[Any] = []
+    for _ in range(10_000):
+        deep = [deep]
+    with transaction.atomic():
+        with pytest.raises(InvalidTaskArguments, match="add are nested too deeply to be stored as JSON"):
+            tasks.add.enqueue(deep)
+        with pytest.raises(InvalidTaskArguments, match="cannot be stored as JSON: Unsupported type: <class 'set'>"):
+            tasks.add.enqueue({1, 2})
+        with pytest.raises(InvalidTaskArguments, match="cannot be stored as JSON"):
+            tasks.add.enqueue(1, b={"when": datetime.now(UTC)})
+        with pytest.raises(InvalidTaskArguments, match="cannot be stored as JSON: Unsupported value"):
+            tasks.add.enqueue(b"\xff")  # bytes that are not UTF-8
+        assert _jobs(dj) == []
+        tasks.add.enqueue(1)  # the transaction is still usable
+    assert [args for _, _, args in _jobs(dj)] == [{"args": [1], "kwargs": {}}]
+    assert issubclass(InvalidTaskArguments, InvalidJobError) and issubclass(InvalidTaskArguments, TypeError)
+
+
+@pytest.mark.parametrize("queue_name", ["tenant\n42", "tenant\x1b[2K", "c1\x9b", "x" * 201, ""])
+def test_a_queue_name_that_cannot_be_a_channel_is_an_invalid_task(
+    dj: psycopg.Connection[Any], tasks: Any, queue_name: str
+) -> None:
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="queue_name must "):
+        tasks.add.using(queue_name=queue_name).enqueue(1)
+    assert _jobs(dj) == []
+
+
+@pytest.mark.parametrize(
+    "run_after",
+    [
+        datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-10))),  # year 10000 in UTC
+        datetime(1, 1, 1, 0, 0, tzinfo=timezone(timedelta(hours=14))),  # year 0 in UTC
+        datetime(9999, 12, 30, 12, 0, tzinfo=UTC),  # a day short of the end: not in every time zone
+    ],
+)
+def test_a_run_after_out_of_range_is_refused_and_nothing_written(
+    dj: psycopg.Connection[Any], tasks: Any, run_after: datetime
+) -> None:
+    from fairqueue.errors import InvalidJobError
+
+    with pytest.raises(InvalidJobError, match="run_at must be "):
+        tasks.add.using(run_after=run_after).enqueue(1)
+    assert _jobs(dj) == []
+
+
+def test_enqueue_returns_the_enqueued_at_that_get_result_reads(dj: psycopg.Connection[Any], tasks: Any) -> None:
+    with transaction.atomic():
+        result = tasks.add.enqueue(1)
+        inside = tasks.add.get_result(result.id)  # in the same transaction, before the commit
+    after = tasks.add.get_result(result.id)
+    assert result.enqueued_at == inside.enqueued_at == after.enqueued_at
+    [(stored,)] = dj.execute("SELECT created_at FROM fairqueue.job WHERE id = %s", (int(result.id),)).fetchall()
+    assert result.enqueued_at == stored
+
+
 def test_an_unknown_result_id_does_not_exist(dj: psycopg.Connection[Any], tasks: Any) -> None:
     from django.tasks import default_task_backend
     from django.tasks.exceptions import TaskResultDoesNotExist
@@ -261,6 +324,63 @@ def test_async_tasks_run_on_the_worker(dj: psycopg.Connection[Any], tasks: Any, 
     _finished(flaky)
     assert (flaky.status, flaky.return_value, flaky.attempts) == ("SUCCESSFUL", 2, 2)
     assert [e.exception_class_path for e in flaky.errors] == ["tests.django_tasks.OrderFailure"]
+
+
+@pytest.mark.parametrize("task_name", ["returns_a_set", "async_returns_a_set"])
+def test_a_return_value_that_is_not_json_fails_with_the_error_the_signal_carried(
+    dj: psycopg.Connection[Any], tasks: Any, start_worker: Starter, task_name: str
+) -> None:
+    """Django's contract: the TypeError of the return value, with its traceback, in task_finished and in
+    get_result alike. Like any return value that cannot be stored, it is not retried."""
+    from django.tasks.signals import task_finished
+
+    finished: list[Any] = []
+
+    def receiver(task_result: Any, **kwargs: Any) -> None:
+        finished.append(task_result)
+
+    task_finished.connect(receiver, dispatch_uid="unstorable-test")
+    try:
+        result = getattr(tasks, task_name).enqueue()
+        start_worker()
+        _finished(result)
+    finally:
+        task_finished.disconnect(dispatch_uid="unstorable-test")
+    [signalled] = finished
+    [sent] = signalled.errors
+    assert sent.exception_class_path == "builtins.TypeError"
+    assert sent.traceback.rstrip().endswith("TypeError: Unsupported type: <class 'set'>")
+    assert result.status == "FAILED" and result.attempts == 1  # not retried (MAX_ATTEMPTS is 3)
+    [stored] = result.errors
+    assert (stored.exception_class_path, stored.exception_class) == ("builtins.TypeError", TypeError)
+    assert stored.traceback == sent.traceback
+    assert "normalize_json" in stored.traceback
+
+
+def test_an_async_tasks_error_is_stored_with_the_traceback_the_signal_carried(
+    dj: psycopg.Connection[Any], tasks: Any, start_worker: Starter
+) -> None:
+    from django.tasks.signals import task_finished
+
+    finished: list[Any] = []
+
+    def receiver(task_result: Any, **kwargs: Any) -> None:  # a sync receiver: run in a thread of asgiref's
+        finished.append(task_result)
+
+    task_finished.connect(receiver, dispatch_uid="async-traceback-test")
+    try:
+        result = tasks.async_flaky.enqueue()
+        start_worker()
+        _finished(result)
+    finally:
+        task_finished.disconnect(dispatch_uid="async-traceback-test")
+    [sent] = finished[0].errors
+    [stored] = result.errors
+    assert stored.exception_class_path == sent.exception_class_path == "tests.django_tasks.OrderFailure"
+    # the frames the signal's traceback has, after those of the worker that ran the task, and no
+    # frame of the thread that ran the receiver
+    frames = sent.traceback.split("\n", 1)[1]
+    assert stored.traceback.endswith(frames) and "asgiref" not in stored.traceback
 
 
 def test_signals_fire_on_enqueue_and_around_each_attempt(

@@ -147,6 +147,46 @@ def test_text_through_configure_with_traceback() -> None:
     assert lines[-1] == "ZeroDivisionError: division by zero"
 
 
+def test_text_lines_cannot_be_forged_by_what_the_message_and_the_fields_hold() -> None:
+    # a channel name or an error text with a newline, a carriage return, escape sequences or a C1
+    # control (stored before names were checked, or an error's free text) stays inside its own line
+    forged = "\n2026-11-22T03:04:05.123Z INFO fairqueue.worker job succeeded"
+    line = TextFormatter().format(
+        _record(
+            "job failed" + forged,
+            channel="evil\x1b[2K\rchannel",
+            error="Boom" + forged,
+            kind="k\x9b31m\x7f\u2028x",
+        )
+    )
+    assert "\n" not in line and "\r" not in line
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", line)
+    assert line.startswith("2026-11-22T03:04:05.123Z INFO fairqueue.worker job failed\\n2026-11-22T03:04:05.123Z")
+    assert ' channel="evil\\u001b[2K\\rchannel" ' in line  # quoted: a carriage return is a space
+    assert ' error="Boom\\n2026-11-22T03:04:05.123Z INFO fairqueue.worker job succeeded" ' in line
+    assert line.endswith(' kind="k\\x9b31m\\x7f\\u2028x"')
+
+
+def test_text_tracebacks_keep_their_lines_but_not_their_control_characters() -> None:
+    stream = io.StringIO()
+    configure_logging("text", stream=stream)
+    try:
+        raise ValueError("bad\x1b[31m input\r")
+    except ValueError:
+        logging.getLogger("fairqueue.worker").exception("crashed")
+    lines = _lines(stream)
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: bad\\x1b[31m input\\r"
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", stream.getvalue())
+
+
+def test_json_lines_escape_every_control_character() -> None:
+    value = "evil\x1b[2K\x9b\x7f\u2028channel\n"
+    line = JsonFormatter().format(_record(channel=value))
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", line)
+    assert json.loads(line)["channel"] == value
+
+
 # --- configure_logging --------------------------------------------------------------------------------------
 
 

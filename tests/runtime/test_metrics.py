@@ -17,6 +17,7 @@ import pytest
 
 from fairqueue.errors import ConfigurationError
 from fairqueue.metrics import CONTENT_TYPE, SECONDS_BUCKETS, Metrics, MetricsServer
+from tests.helpers import wait_for
 
 FAMILIES = {
     "fairqueue_jobs_claimed_total": "counter",
@@ -354,3 +355,70 @@ def test_server_port_in_use_is_a_configuration_error() -> None:
             MetricsServer(Metrics(), port, host="127.0.0.1")
     assert str(info.value) == f"cannot serve metrics on 127.0.0.1:{port}: address already in use"
     assert "\n" not in str(info.value)
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _closed_by_the_server(sock: socket.socket) -> bool:
+    """Whether the server closed the connection without an answer (the client waits at most 5 s)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_server_serves_a_bounded_number_of_connections_and_closes_the_others_at_once() -> None:
+    """500 idle sockets kept 508 threads alive: beyond max_connections, a connection is closed unanswered
+    instead of getting a thread, and scrapes work again once the idle ones are gone."""
+    with MetricsServer(Metrics(), 0, host="127.0.0.1", max_connections=4) as server:
+
+        def threads() -> int:
+            return sum(t.name == f"fairqueue-metrics-{server.port}-conn" for t in threading.enumerate())
+
+        idle = [_connect(server.port) for _ in range(4)]
+        wait_for(lambda: threads() == 4, what="a thread per idle connection")
+        try:
+            for _ in range(40):
+                with _connect(server.port) as extra:
+                    assert _closed_by_the_server(extra)
+            assert threads() == 4 and server.open_connections == 4
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_for(lambda: threads() == 0, what="the idle connections' threads to end")
+        assert server.open_connections == 0
+        assert _get(f"http://127.0.0.1:{server.port}/metrics")[0] == 200
+
+
+def test_server_closes_an_idle_connection_after_its_timeout() -> None:
+    with MetricsServer(Metrics(), 0, host="127.0.0.1", request_timeout=0.3) as server:
+        with _connect(server.port) as idle:  # sends nothing
+            assert _closed_by_the_server(idle)
+        wait_for(lambda: server.open_connections == 0, what="the connection's thread to end")
+        assert _get(f"http://127.0.0.1:{server.port}/metrics")[0] == 200
+
+
+def test_server_closes_a_connection_that_trickles_its_request_after_the_timeout() -> None:
+    """A header line every 0.1 s: no single read waits long enough to time out, the whole request does."""
+    server = MetricsServer(Metrics(), 0, host="127.0.0.1", request_timeout=0.5)
+    with server, _connect(server.port) as slow:
+        slow.settimeout(0.1)  # paces the trickle: a line whenever 0.1 s pass without an answer
+        slow.sendall(b"GET /metrics HTTP/1.0\r\n")
+        closed = False
+        for _ in range(60):  # 6 s at most, far below the server's header limits
+            try:
+                if slow.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                try:
+                    slow.sendall(b"X-Trickle: 1\r\n")
+                except OSError:
+                    closed = True
+                    break
+            except OSError:
+                closed = True
+                break
+        assert closed, "the server kept a trickling connection open"

@@ -117,6 +117,21 @@ def test_a_failing_handler_is_retried_with_backoff_until_it_succeeds(
     assert all(gap >= 0.025 for gap in gaps), gaps  # at least half the 0.05 s base (jitter)
 
 
+def test_a_handler_that_finds_its_result_cannot_be_stored_fails_for_good_with_the_cause(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    refused = t.refuses_its_result.enqueue(conn, with_cause=True)
+    without_cause = t.refuses_its_result.enqueue(conn, with_cause=False)
+    start_worker()
+    info = finished(conn, refused)
+    assert (info.status, info.attempt) == ("failed", 1)  # not retried, like any result that cannot be stored
+    assert (info.error or "").startswith("ValueError: the value is no JSON\n\nTraceback (most recent call last):")
+    assert "ResultNotStorable" not in (info.error or "")
+    info = finished(conn, without_cause)  # no cause to record: an ordinary failure, retried
+    assert (info.status, info.attempt) == ("failed", 3)
+    assert (info.error or "").startswith("ResultNotStorable: no cause given")
+
+
 def test_out_of_attempts_ends_failed_with_the_error_and_traceback(
     conn: psycopg.Connection[Any], start_worker: Starter
 ) -> None:

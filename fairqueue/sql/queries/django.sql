@@ -1,8 +1,9 @@
 -- The Django app (fairqueue_django/): what its task backend and admin pages read besides the core
 -- queries.
 
--- name: django_running_started_at
-SELECT started_at FROM fairqueue.running_job WHERE job_id = %s AND worker_id IS NOT NULL
+-- name: django_enqueued_at
+-- The time the job just enqueued in this transaction was stored with (what get_result reads back).
+SELECT created_at FROM fairqueue.job WHERE id = %s
 
 -- name: snapshot_read_only
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY

@@ -186,6 +186,23 @@ def test_a_timeout_stops_a_handler_that_swallows_exceptions(
     wait_for(lambda: slot_threads() == 2, what="the stopped slot thread to exit")
 
 
+@pytest.mark.parametrize("task", [t.always_too_slow, t.async_always_too_slow], ids=["sync", "async"])
+def test_a_job_that_keeps_timing_out_runs_until_it_is_out_of_attempts(
+    conn: psycopg.Connection[Any], start_worker: Starter, task: fairqueue.Task[[], None]
+) -> None:
+    """A timeout is a failed attempt like any other: retried (after the task's backoff) while
+    attempts are left, and final only on the last one."""
+    job_id = task.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert info.status == "timed_out"
+    assert [(a.attempt, a.outcome, a.final) for a in info.attempts] == [
+        (1, "timed_out", False),
+        (2, "timed_out", False),
+        (3, "timed_out", True),
+    ]
+
+
 def slot_threads() -> int:
     return sum(1 for th in threading.enumerate() if th.name.startswith("fairqueue-slot-"))
 

@@ -153,3 +153,24 @@ def test_granting_to_a_missing_role_is_a_clear_error(db_url: str, capsys: pytest
     assert cli.main(["grant", "producer", "no_such_role_here", "--database-url", db_url]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "role 'no_such_role_here' does not exist" in err
+
+
+@pytest.mark.parametrize("level", ["worker", "admin"])
+def test_below_the_owner_history_partitions_start_from_yesterday_or_today(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], level: str
+) -> None:
+    """The maintenance role creates the days ahead as the worker role; it may not create partitions
+    for any other date (only the schema's owner may, e.g. to give old default rows their day)."""
+    url = role(level)
+    with psycopg.connect(url, autocommit=True) as c:
+        assert fairqueue.ensure_partitions(c, days_ahead=3) == 0  # today's and the next days exist
+        c.execute("SELECT fairqueue.ensure_completed_partitions(5, (now() AT TIME ZONE 'UTC')::date - 1)")
+        for start in ("2031-06-01", "2000-01-01", "(now() AT TIME ZONE 'UTC')::date + 1"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="only the schema's owner"):
+                c.execute(f"SELECT fairqueue.ensure_completed_partitions(0, {start if '(' in start else repr(start)})")
+    created = conn.execute(
+        "SELECT count(*) FROM pg_class WHERE relname IN ('completed_job_p20310601', 'completed_job_p20000101')"
+    ).fetchone()
+    assert created == (0,)
+    assert conn.execute("SELECT fairqueue.ensure_completed_partitions(0, '2031-06-01')").fetchone() == (1,)  # the owner
+    conn.execute("DROP TABLE fairqueue.completed_job_p20310601")

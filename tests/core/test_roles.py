@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,6 +14,10 @@ import pytest
 
 import fairqueue
 from fairqueue import cli
+from fairqueue._db import psycopg_error
+from fairqueue.maintenance import promote_due_jobs
+from fairqueue.periodic import pause as pause_periodic
+from fairqueue.roles import FUNCTIONS, READABLE_TABLES
 from fairqueue.status import collect_status
 from fairqueue.worker import Worker, WorkerConfig
 from tests import worker_tasks as t
@@ -174,3 +179,190 @@ def test_below_the_owner_history_partitions_start_from_yesterday_or_today(
     assert created == (0,)
     assert conn.execute("SELECT fairqueue.ensure_completed_partitions(0, '2031-06-01')").fetchone() == (1,)  # the owner
     conn.execute("DROP TABLE fairqueue.completed_job_p20310601")
+
+
+# -- every documented action of every level, as a role of each level ------------------------------------
+# docs/operations.md ("Database roles and least privilege") and fairqueue/roles.py: a producer enqueues
+# and reads; a worker also runs jobs and the maintenance chores; an admin also cancels, retries,
+# configures channels and pauses schedules. Each action below is tried through the API and the CLI as
+# a role of every level: allowed from its level up, refused (permission denied) below it.
+
+LEVELS = ("producer", "worker", "admin")
+
+
+@dataclass
+class Scene:
+    """What the schema's owner prepared for one action: a ready job, a job that failed for good,
+    a periodic schedule and a configured channel."""
+
+    owner: psycopg.Connection[Any]
+    ready: int
+    failed: int
+    schedule: str = "nightly-report"
+    channel: str = "acme"
+
+
+def _scene(conn: psycopg.Connection[Any]) -> Scene:
+    conn.execute("TRUNCATE " + ", ".join(f"fairqueue.{t}" for t in READABLE_TABLES) + " RESTART IDENTITY")
+    failed = t.add.using(max_attempts=1).enqueue(conn, 2)
+    owner_worker = fairqueue.register_worker(conn, "owner", lease_seconds=300)
+    [job] = fairqueue.claim_batch(conn, owner_worker, 10)
+    fairqueue.fail(conn, owner_worker, job.id, "boom")
+    fairqueue.deregister_worker(conn, owner_worker)
+    ready = t.add.enqueue(conn, 1)
+    conn.execute(
+        "SELECT fairqueue.register_periodic('nightly-report', '0 3 * * *', 'UTC', 't.add', 'default', '{}', 'skip')"
+    )
+    fairqueue.configure_channel(conn, "acme", max_concurrency=5)
+    return Scene(conn, ready, failed)
+
+
+def _as(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+def _run_a_job(url: str, scene: Scene) -> None:
+    """What a worker does with a job: register, claim, finish, heartbeat, deregister."""
+    with _as(url) as c:
+        me = fairqueue.register_worker(c, "role-worker", lease_seconds=60)
+        assert fairqueue.heartbeat(c, me, lease_seconds=60)
+        jobs = fairqueue.claim_batch(c, me, 10)
+        assert scene.ready in [j.id for j in jobs]
+        fairqueue.complete(c, me, scene.ready)
+        fairqueue.deregister_worker(c, me)
+
+
+def _release(url: str, scene: Scene) -> None:
+    with _as(url) as c:
+        me = fairqueue.register_worker(c, "role-worker", lease_seconds=60)
+        [job] = fairqueue.claim_batch(c, me, 1)
+        assert fairqueue.release(c, me, [job.id]) == 1
+        fairqueue.deregister_worker(c, me)
+
+
+def _chores(url: str, scene: Scene) -> None:
+    """The maintenance role's chores: lease recovery, due jobs, partitions, periodic ticks."""
+    with _as(url) as c:
+        fairqueue.recover_expired_workers(c)
+        promote_due_jobs(c)
+        fairqueue.ensure_partitions(c, days_ahead=3)
+        c.execute("SELECT fairqueue.next_due()")
+        c.execute(
+            "SELECT fairqueue.register_periodic('role-schedule', '* * * * *', 'UTC', 't.add', 'default', '{}', 'skip')"
+        )
+        c.execute("SELECT fairqueue.fire_periodic('role-schedule', now(), true, 3)")
+
+
+def _cli(*argv: str) -> Callable[[str, Scene], None]:
+    def run(url: str, scene: Scene) -> None:
+        words = [w.format(s=scene) for w in argv]
+        code = cli.main([*words, "--database-url", url])
+        if code != 0:
+            raise PermissionError(f"fairqueue {' '.join(words)} exited with {code}")
+
+    return run
+
+
+def _api(call: Callable[[psycopg.Connection[Any], Scene], object]) -> Callable[[str, Scene], None]:
+    def run(url: str, scene: Scene) -> None:
+        with _as(url) as c:
+            call(c, scene)
+
+    return run
+
+
+# (what, lowest level allowed, action)
+ACTIONS: list[tuple[str, str, Callable[[str, Scene], None]]] = [
+    ("api enqueue", "producer", _api(lambda c, s: t.add.enqueue(c, 1))),
+    ("api enqueue after=", "producer", _api(lambda c, s: t.add.using(after=[s.failed]).enqueue(c, 1))),
+    ("api enqueue_many", "producer", _api(lambda c, s: fairqueue.enqueue_many(c, [t.add.spec(1), t.add.spec(2)]))),
+    ("api bulk_enqueue", "producer", _api(lambda c, s: fairqueue.bulk_enqueue(c, [t.add.spec(i) for i in range(3)]))),
+    ("api get_job", "producer", _api(lambda c, s: fairqueue.get_job(c, s.failed))),
+    ("api list_channels", "producer", _api(lambda c, s: fairqueue.list_channels(c))),
+    ("cli enqueue", "producer", _cli("enqueue", "t.add", "--args", '{{"a": 1}}', "--after", "{s.ready}")),
+    ("cli status", "producer", _cli("status")),
+    ("cli channels list", "producer", _cli("channels", "list")),
+    ("cli periodic list", "producer", _cli("periodic", "list")),
+    ("api register, claim, finish", "worker", _run_a_job),
+    ("api release", "worker", _release),
+    ("api maintenance chores", "worker", _chores),
+    ("api cancel", "admin", _api(lambda c, s: fairqueue.cancel(c, s.ready))),
+    ("api retry", "admin", _api(lambda c, s: fairqueue.retry(c, s.failed))),
+    ("api configure_channel", "admin", _api(lambda c, s: fairqueue.configure_channel(c, s.channel, weight=2))),
+    ("api update_channel", "admin", _api(lambda c, s: fairqueue.update_channel(c, s.channel, paused=True))),
+    ("api pause a schedule", "admin", _api(lambda c, s: pause_periodic(c, s.schedule))),
+    ("cli cancel", "admin", _cli("cancel", "{s.ready}")),
+    ("cli retry", "admin", _cli("retry", "{s.failed}")),
+    ("cli channels set", "admin", _cli("channels", "set", "{s.channel}", "--rate-limit", "5/s", "--burst", "2")),
+    ("cli periodic pause", "admin", _cli("periodic", "pause", "{s.schedule}")),
+    ("cli periodic resume", "admin", _cli("periodic", "resume", "{s.schedule}")),
+]
+
+
+def _refused(exc: BaseException, stderr: str) -> bool:
+    driver = psycopg_error(exc)
+    if driver is not None:
+        return driver.sqlstate == "42501"
+    return isinstance(exc, PermissionError) and "permission denied" in stderr
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_each_level_may_do_exactly_its_documented_actions_through_the_api_and_the_cli(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], capsys: pytest.CaptureFixture[str], level: str
+) -> None:
+    url = role(level)
+    capsys.readouterr()
+    wrong = []
+    for what, lowest, action in ACTIONS:
+        scene = _scene(conn)
+        allowed = LEVELS.index(level) >= LEVELS.index(lowest)
+        try:
+            action(url, scene)
+        except Exception as exc:
+            err = capsys.readouterr().err
+            if allowed or not _refused(exc, err):
+                wrong.append(
+                    f"{what}: {'failed' if allowed else 'refused otherwise than by privileges'}: {exc!r} {err}"
+                )
+        else:
+            capsys.readouterr()
+            if not allowed:
+                wrong.append(f"{what}: allowed to a {level}, documented for {lowest} and up")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_no_level_may_write_a_table_or_run_an_operation_beyond_its_own(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], level: str
+) -> None:
+    """Every table can be read and none written; the functions a role may execute are exactly its
+    level's (no internal function, no operation of the next level)."""
+    url = role(level)
+    name = urlsplit(url).username
+    tables = conn.execute(
+        "SELECT c.relname, has_table_privilege(%(r)s, c.oid, 'SELECT'),"
+        " has_table_privilege(%(r)s, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')"
+        " FROM pg_class c WHERE c.relnamespace = 'fairqueue'::regnamespace AND c.relkind IN ('r', 'p')"
+        " AND NOT c.relispartition",
+        {"r": name},
+    ).fetchall()
+    assert {t for t, _, _ in tables} == set(READABLE_TABLES)
+    assert [t for t, readable, _ in tables if not readable] == []
+    assert [t for t, _, writable in tables if writable] == []
+    executable = conn.execute(
+        "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'fairqueue'::regnamespace"
+        " AND has_function_privilege(%s, p.oid, 'EXECUTE')",
+        (name,),
+    ).fetchall()
+    assert {f for (f,) in executable} == set(FUNCTIONS[level])
+    with _as(url) as c:
+        for statement in (
+            "DELETE FROM fairqueue.job",
+            "UPDATE fairqueue.channel SET paused = true",
+            "INSERT INTO fairqueue.channel_wakeup (channel) VALUES ('x')",
+            "TRUNCATE fairqueue.completed_job",
+            "SELECT fairqueue._idle_channels(ARRAY['default'])",
+            "SELECT fairqueue._wake_channels(ARRAY['default'])",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                c.execute(statement)

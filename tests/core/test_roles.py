@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +25,9 @@ from fairqueue.roles import FUNCTIONS, READABLE_TABLES
 from fairqueue.status import collect_status
 from fairqueue.worker import Worker, WorkerConfig
 from tests import worker_tasks as t
-from tests.helpers import PASSWORD, as_role
+from tests.helpers import PASSWORD, as_role, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -366,3 +372,71 @@ def test_no_level_may_write_a_table_or_run_an_operation_beyond_its_own(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(statement)
+
+
+def _fairqueue(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FAIRQUEUE_DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "fairqueue", *argv],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_the_worker_command_runs_as_a_worker_role_and_refuses_to_start_as_a_producer(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], tmp_path: Path
+) -> None:
+    """`fairqueue worker` as the worker role runs jobs (maintenance role included) and stops on
+    SIGTERM; as a producer it refuses to start: exit 1, "database error: ..." (operations.md)."""
+    refused = _fairqueue("worker", "--database-url", role("producer"), "--import", "tests.worker_tasks")
+    assert refused.returncode == 1, refused
+    assert "database error" in refused.stderr and "permission denied" in refused.stderr, refused.stderr
+    job_id = t.add.enqueue(conn, 20, 22)
+    out = (tmp_path / "worker.err").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fairqueue",
+            "worker",
+            "--database-url",
+            role("worker"),
+            "--import",
+            "tests.worker_tasks",
+        ],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "FAIRQUEUE_DATABASE_URL"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=out,
+    )
+    try:
+        info = wait_for(lambda: (i := fairqueue.get_job(conn, job_id)) and i.finished and i, what="the job to run")
+        assert info.result == 42
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, (tmp_path / "worker.err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_only_the_schema_owner_may_migrate_or_grant(role: Callable[[str], str], db_url: str) -> None:
+    """An admin runs the queue but does not own the schema: `fairqueue migrate` (here one step down)
+    and `fairqueue grant` are refused, with one line saying why, and change nothing. (PostgreSQL lets
+    a non-owner run GRANT and only warns that nothing was granted: the command said it had.)"""
+    nobody = role("nothing")
+    admin = role("admin")
+    down = _fairqueue("migrate", "--revision", "fq0008", "--downgrade", "--yes-drop-data", "--database-url", admin)
+    assert down.returncode == 1 and down.stderr.startswith("fairqueue: error: database error: permission denied"), down
+    assert _fairqueue("migrate", "--current", "--database-url", db_url).stdout.strip().startswith("fq0009")
+    for target in (nobody, admin):
+        grant = _fairqueue("grant", "admin", urlsplit(target).username or "", "--database-url", admin)
+        assert grant.returncode == 2 and grant.stdout == "", grant
+        assert grant.stderr.startswith("fairqueue: error: only the owner of the fairqueue schema"), grant.stderr
+    assert denied(nobody, "SELECT * FROM fairqueue.enqueue('k', '{}', 'default', NULL, 3, NULL, NULL, NULL, NULL)")
+    assert denied(admin, "DELETE FROM fairqueue.job")

@@ -3,6 +3,7 @@ what each page shows, the actions (cancel, retry, pause/resume, channel limits) 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import fairqueue
 
 django = pytest.importorskip("django")
 
+from django.db import DatabaseError  # noqa: E402
 from django.test import Client  # noqa: E402
 
 import fairqueue_django  # noqa: E402
@@ -1120,3 +1122,118 @@ def test_a_finished_attempts_page_has_no_history_button_and_lists_the_admins_act
     assert f"{USER_PREFIX}root: Cancel: cancelled." in page
     # a live job's page keeps its History
     assert f'href="{ADMIN}/job/{queue.running}/history/"' in _text(client.get(f"{ADMIN}/job/{queue.running}/change/"))
+
+
+# -- as a database role of each level (fairqueue grant) ------------------------------------------------
+# The admin reaches the queue through FAIRQUEUE['DATABASE']; in production that alias logs in as a role
+# of the admin level. Here it is pointed at a login role of each level in turn: an admin role can do
+# every page and action, a producer or worker role sees the pages but every action is refused.
+
+
+@pytest.fixture
+def queue_as(django_url: str, dj: psycopg.Connection[Any]) -> Iterator[Callable[[str], str]]:
+    """``queue_as(level)``: the admin reaches the queue as a new login role of that level; returns its name."""
+    from django.conf import settings
+    from django.db import connections
+    from django.test import override_settings
+
+    from fairqueue import cli
+    from tests.helpers import PASSWORD
+
+    suffix = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    created: list[tuple[str, str, Any]] = []
+
+    def make(level: str) -> str:
+        name, alias = f"fq_dj_{level}_{suffix}", f"queue_as_{level}"
+        if dj.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            dj.execute(f'DROP OWNED BY "{name}"')
+            dj.execute(f'DROP ROLE "{name}"')
+        dj.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{PASSWORD}'")
+        assert cli.main(["grant", level, name, "--database-url", django_url]) == 0
+        connections.settings[alias] = {**connections.settings["default"], "USER": name, "PASSWORD": PASSWORD}
+        override = override_settings(FAIRQUEUE={**settings.FAIRQUEUE, "DATABASE": alias})
+        override.enable()
+        created.append((name, alias, override))
+        return name
+
+    yield make
+    for name, alias, override in created:
+        override.disable()
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+        dj.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        dj.execute(f'DROP OWNED BY "{name}"')
+        dj.execute(f'DROP ROLE "{name}"')
+
+
+def _register_schedule(dj: psycopg.Connection[Any]) -> None:
+    dj.execute(
+        "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'UTC', 'reports.nightly', 'reports', '{}', 'skip')"
+    )
+
+
+def _every_page(client: Client, dj: psycopg.Connection[Any], queue: Queue) -> None:
+    for path in (
+        "/admin/",
+        f"{ADMIN}/queueoverview/",
+        f"{ADMIN}/job/",
+        f"{ADMIN}/job/{queue.ready}/change/",
+        f"{ADMIN}/completedjob/",
+        f"{ADMIN}/completedjob/{quote_key(dj, queue.failed)}/change/",
+        f"{ADMIN}/channel/",
+        f"{ADMIN}/channel/tenant-a/change/",
+        f"{ADMIN}/worker/",
+        f"{ADMIN}/periodicschedule/",
+    ):
+        assert client.get(path).status_code == 200, path
+
+
+def test_an_admin_role_can_use_every_page_and_action(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any], queue_as: Callable[[str], str]
+) -> None:
+    _register_schedule(dj)
+    queue_as("admin")
+    client = login("root", superuser=True)
+    _every_page(client, dj, queue)
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready), follow=True)
+    assert _messages(response) == [f"Job {queue.ready}: cancelled"]
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed), follow=True)
+    assert _messages(response) == [f"Job {queue.failed}: queued again"]
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"), follow=True)
+    assert _messages(response) == ["Channel tenant-a: paused"]
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    response = client.post(url, _form_data(client.get(url).context["adminform"].form, max_concurrency=7), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
+    assert queue.ready not in _live(dj) and queue.failed in _live(dj)
+    assert _channel(dj, "tenant-a") == (7, "10/s", 3.0, 2, True)
+    assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
+
+
+@pytest.mark.parametrize("level", ["producer", "worker"])
+def test_below_the_admin_level_the_pages_show_but_every_action_is_refused(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any], queue_as: Callable[[str], str], level: str
+) -> None:
+    _register_schedule(dj)
+    queue_as(level)
+    client = login("root", superuser=True)
+    _every_page(client, dj, queue)
+    refused = "failed: permission denied for function"
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", queue.ready), follow=True)
+    assert _messages(response) == [f"Job {queue.ready}: {refused} cancel"]
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", queue.failed), follow=True)
+    assert _messages(response) == [f"Job {queue.failed}: {refused} retry"]
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"), follow=True)
+    assert _messages(response) == [f"Channel tenant-a: {refused} configure_channel"]
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    form = _form_data(client.get(url).context["adminform"].form, max_concurrency=7)
+    # the edit form has no message for a database error: the request fails (a 500 page)
+    with pytest.raises(DatabaseError, match="permission denied for function configure_channel"):
+        client.post(url, form)
+    # nor does the schedules' pause action (unlike the jobs' and channels' actions, which say "failed: ...")
+    with pytest.raises(DatabaseError, match="permission denied for function pause_periodic"):
+        client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
+    assert queue.ready in _live(dj) and queue.failed not in _live(dj)
+    assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 2, False)
+    assert dj.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (False,)

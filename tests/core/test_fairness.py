@@ -168,9 +168,11 @@ def test_weights_hold_when_concurrent_claims_share_the_channels(
         first = connect(autocommit=False)
         held = fairqueue.claim_batch(first, worker, 8)  # holds both channels' rows until it commits
         shared: list[fairqueue.ClaimedJob] = []
-        waited = race_against_open_transaction(
-            conn, first, lambda shared=shared: shared.extend(fairqueue.claim_batch(connect(), worker, 8))
-        )
+
+        def share(into: list[fairqueue.ClaimedJob] = shared) -> None:
+            into.extend(fairqueue.claim_batch(connect(), worker, 8))
+
+        waited = race_against_open_transaction(conn, first, share)
         assert not waited
         assert channel_counts(shared) == {"heavy": 4, "light": 4}  # a shared take: equal parts
         served.append(channel_counts(held) + channel_counts(shared))

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 import fairqueue
+from fairqueue.outcomes import OutcomeName
 from tests.conftest import Connections
 from tests.helpers import assert_consistent, count, drain, race_against_open_transaction
 
@@ -81,7 +82,7 @@ def test_dependants_fail_when_a_dependency_fails_for_good(conn: psycopg.Connecti
 
 @pytest.mark.parametrize("outcome", ["failed", "timed_out", "lost", "cancelled"])
 def test_dependants_fail_whichever_way_a_dependency_ends_without_success(
-    conn: psycopg.Connection[Any], worker: int, outcome: str
+    conn: psycopg.Connection[Any], worker: int, outcome: OutcomeName
 ) -> None:
     """ "If one ends otherwise [than succeeded], this job ends as dependency_failed" (guide.md): a
     dependency that ended timed_out, lost or cancelled fails its dependants like a failure does, both

@@ -99,6 +99,12 @@ def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool 
         raise ConfigurationError(
             f"role {role!r} does not exist; create it first, e.g. CREATE ROLE {role} LOGIN PASSWORD '...'"
         )
+    owner = conn.execute(Q.may_grant).fetchone()
+    if owner is not None and not owner[0]:
+        raise ConfigurationError(
+            f"only the owner of the fairqueue schema ({owner[1]}) may grant or revoke its rights; "
+            "connect as that role (the one that ran fairqueue migrate)"
+        )
     done = []
     for statement in composed:
         conn.execute(statement)

@@ -90,8 +90,11 @@ def count(conn: psycopg.Connection[Any], table: str) -> int:
     return int(row[0])
 
 
-def wait_until_blocked_or_done(conn: psycopg.Connection[Any], thread: threading.Thread, timeout: float = 30) -> bool:
-    """Waits until ``thread`` has finished or another session is waiting on a lock; True if blocked.
+def wait_until_blocked_or_done(
+    conn: psycopg.Connection[Any], thread: threading.Thread, timeout: float = 30, *, pid: int | None = None
+) -> bool:
+    """Waits until ``thread`` has finished or another session (the session ``pid``, if given) is
+    waiting on a lock; True if blocked.
 
     Lets a test hold a transaction open exactly until the racing operation has either run to
     completion (the bug) or queued up behind the lock (the fix), with no fixed sleep.
@@ -102,6 +105,8 @@ def wait_until_blocked_or_done(conn: psycopg.Connection[Any], thread: threading.
             return False
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            " AND (%s::integer IS NULL OR pid = %s::integer)",
+            (pid, pid),
         ).fetchone()
         if row and row[0] > 0:
             return True

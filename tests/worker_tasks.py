@@ -64,6 +64,18 @@ def spin() -> None:
         sum(range(100))
 
 
+@fairqueue.task(name="t.always_too_slow", timeout=0.2, max_attempts=3, retry_backoff=0.05, retry_backoff_max=0.05)
+def always_too_slow() -> None:
+    """Times out on every attempt (it sleeps in short steps, so the stop lands between them)."""
+    while True:
+        time.sleep(0.01)
+
+
+@fairqueue.task(name="t.async_always_too_slow", timeout=0.2, max_attempts=3, retry_backoff=0.05, retry_backoff_max=0.05)
+async def async_always_too_slow() -> None:
+    await asyncio.sleep(60)
+
+
 @fairqueue.task(name="t.async_sleep", timeout=0.3, max_attempts=1)
 async def async_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)

@@ -35,6 +35,7 @@ log = logging.getLogger("fairqueue.worker")  # every part of the runtime logs as
 
 RETRY_SOON = 0.002  # after a short claim while a channel is eligible, claim again this soon ...
 RETRY_SOON_MAX = 0.05  # ... backing off to this while those claims come back empty
+QUEUED_DEADLINE_RECHECK = 0.01  # a handler still not begun at its deadline: look again this soon
 
 
 class Dispatcher:
@@ -145,9 +146,14 @@ class Dispatcher:
             elif lingering and claimable > 0 and self._freed_at is not None:
                 timeout = min(timeout, self._freed_at + LINGER - now)
             # else: nothing to do until a job ends, the finisher records outcomes, or a notification
+            # Wake for the next deadline of a sync handler. A job handed to a slot thread a moment
+            # ago may not have begun yet ("queued"), but its deadline runs from the hand-over: left
+            # out, its timeout would wait for the next poll. One still queued at its deadline is
+            # looked at again shortly (only a running handler can be stopped).
             for r in inflight.values():
-                if r.deadline is not None and r.state == "running" and r.future is None:
-                    timeout = min(timeout, r.deadline - now)
+                if r.deadline is not None and r.future is None and r.state in ("queued", "running"):
+                    left = r.deadline - now
+                    timeout = min(timeout, left if r.state == "running" else max(left, QUEUED_DEADLINE_RECHECK))
             if executor.stopping:
                 timeout = min(timeout, 0.05)
             if timeout > 0:

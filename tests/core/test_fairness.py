@@ -9,7 +9,9 @@ import psycopg
 import pytest
 
 import fairqueue
-from tests.helpers import assert_consistent, channel_counts, drain
+from fairqueue.maintenance import promote_due_jobs
+from tests.conftest import Connections
+from tests.helpers import assert_consistent, channel_counts, drain, race_against_open_transaction
 
 
 def jain_index(values: list[float]) -> float:
@@ -143,4 +145,37 @@ def test_paused_channel_is_skipped_until_resumed(conn: psycopg.Connection[Any], 
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [other]
     fairqueue.configure_channel(conn, "bob", paused=False)
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
+    assert_consistent(conn)
+
+
+def test_weights_hold_when_concurrent_claims_share_the_channels(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """A claim that finds every busy channel held by a concurrent claim shares them in equal parts
+    (weights are not applied within a shared take); the debt it leaves must be the weighted charge
+    (jobs / weight), so that over the following claims heavy (weight 3) still gets three times
+    light's service. A debt of one per job would leave heavy behind for good.
+
+    Two claims of the same worker are in flight at once: the first holds both channel rows (its
+    transaction stays open) while the second claims."""
+    fairqueue.configure_channel(conn, "heavy", weight=3)
+    fairqueue.configure_channel(conn, "light", weight=1)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("heavy", "light") for _ in range(150)])
+    worker = fairqueue.register_worker(conn, "w", lease_seconds=300)
+    promote_due_jobs(conn)  # both channels active, at the same virtual time
+    served: list[Counter[str]] = []
+    for _ in range(5):
+        first = connect(autocommit=False)
+        held = fairqueue.claim_batch(first, worker, 8)  # holds both channels' rows until it commits
+        shared: list[fairqueue.ClaimedJob] = []
+
+        def share(into: list[fairqueue.ClaimedJob] = shared) -> None:
+            into.extend(fairqueue.claim_batch(connect(), worker, 8))
+
+        waited = race_against_open_transaction(conn, first, share)
+        assert not waited
+        assert channel_counts(shared) == {"heavy": 4, "light": 4}  # a shared take: equal parts
+        served.append(channel_counts(held) + channel_counts(shared))
+    after_first = sum(served[1:], Counter[str]())
+    assert after_first == {"heavy": 48, "light": 16}, served
     assert_consistent(conn)

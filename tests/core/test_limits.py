@@ -230,6 +230,23 @@ def test_burst_allows_back_to_back_starts(conn: psycopg.Connection[Any], worker:
     assert len(fairqueue.claim_batch(conn, worker, 10)) == 5
 
 
+def test_a_channel_that_idled_starts_no_more_than_its_burst(conn: psycopg.Connection[Any], worker: int) -> None:
+    """The token bucket refills while a channel idles, but never past its burst: at 100/s, half a
+    second idle would make 50 tokens; the channel that comes back starts 3 back to back, not 50."""
+    fairqueue.configure_channel(conn, "api", rate_limit="100/s", burst=3)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "api"}] * 3)
+    first = fairqueue.claim_batch(conn, worker, 10)
+    assert len(first) == 3  # the bucket is empty
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(j.id) for j in first])
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # drained: the channel goes idle
+    time.sleep(0.5)  # idle: the bucket fills up (only more tokens could come of a longer wait)
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "api"}] * 40)
+    assert len(fairqueue.claim_batch(conn, worker, 40)) == 3
+    tokens = conn.execute("SELECT tokens FROM fairqueue.channel WHERE name = 'api'").fetchone()
+    assert tokens is not None and tokens[0] < 1
+    assert_consistent(conn)
+
+
 def test_finishing_frees_a_slot_for_the_next_claim(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.configure_channel(conn, "capped", max_concurrency=2)
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "capped"}] * 5)

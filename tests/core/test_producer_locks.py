@@ -7,6 +7,7 @@ timeout: a statement that had to wait for the open transaction would hit it and 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, race_against_open_transaction
+from tests.helpers import assert_consistent, in_thread, race_against_open_transaction, wait_until_blocked_or_done
 
 ISOLATIONS = ["read committed", "repeatable read", "serializable"]
 
@@ -236,3 +237,83 @@ def test_a_claim_that_idled_a_channel_does_not_then_wait_for_a_busy_one(
     assert got == []  # and the next claim takes capped's jobs
     assert conn.execute("SELECT active FROM fairqueue.channel WHERE name = 'x'").fetchone() == (False,)
     assert len(fairqueue.claim_batch(_impatient(connect()), worker, 5)) == 5
+
+
+def _wait_until_waiting(conn: psycopg.Connection[Any], pid: int, thread: threading.Thread) -> bool:
+    """Waits until the session ``pid`` waits on a lock (True) or ``thread`` has finished (False)."""
+    return wait_until_blocked_or_done(conn, thread, pid=pid)
+
+
+def test_producer_arriving_while_a_claimer_idles_its_channel_leaves_a_wakeup(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """Invariant 3, the producer's ordering: it takes the channel's shared lock *before* it reads
+    whether the channel is active. Here a claimer has just marked bob idle and keeps its transaction
+    open (holding bob's exclusive lock). A producer that read "active" first would see bob's last
+    committed row (still active), then get the lock once the claimer commits, and leave no wakeup:
+    its job would sit in an idle channel. Taking the lock first, it waits for the claimer, then
+    reads bob idle and wakes it."""
+    _busy_bob(conn, worker)
+    claimer = connect(autocommit=False)
+    assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 10)] == ["second"]
+    idle = conn.execute("SELECT active FROM fairqueue.channel WHERE name = 'bob'").fetchone()
+    assert idle == (True,)  # the claimer's "idle" is not committed yet
+    producer = _open_producer(connect, "read committed")
+    late: list[int] = []
+
+    def enqueue() -> None:
+        late.append(fairqueue.enqueue(producer, "late", channel="bob"))
+        producer.commit()
+
+    t, errors = in_thread(enqueue)
+    assert _wait_until_waiting(conn, producer.info.backend_pid, t), "the producer did not wait for the claimer"
+    claimer.commit()
+    t.join()
+    assert not errors, errors
+    assert [j.id for j in fairqueue.claim_batch(_impatient(connect()), worker, 10)] == late
+    assert_consistent(conn)
+
+
+@pytest.mark.parametrize("held", ["a", "b"])
+def test_job_committed_while_an_idle_check_is_under_way_is_not_stranded(
+    connect: Connections, conn: psycopg.Connection[Any], held: str
+) -> None:
+    """Invariant 3, the claimer's ordering: the idle check takes the exclusive locks first and then
+    looks for ready jobs in a *new* statement. If it looked in the statement that takes the lock, its
+    snapshot could predate a producer that enqueued, committed and released its shared lock before
+    the lock was taken: the check would find the channel empty and idle it, stranding the job.
+
+    The idle check of channels a and b is held at its first channel (the test holds that row, as a
+    concurrent configure_channel could) while a producer enqueues into the other one and commits.
+    Which row the check reaches first depends on the plan, so both ways are run."""
+    produced = "b" if held == "a" else "a"
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("a", "b")])
+    worker = fairqueue.register_worker(conn, "w", lease_seconds=300)
+    assert {j.channel for j in fairqueue.claim_batch(conn, worker, 10)} == {"a", "b"}
+    conn.execute("UPDATE fairqueue.channel SET active = true")  # drained, not idled yet
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = %s FOR NO KEY UPDATE", (held,))
+    checker = connect(autocommit=False)
+    checker_pid = checker.info.backend_pid
+
+    def idle_check() -> None:
+        checker.execute("SELECT fairqueue._idle_channels(ARRAY['a', 'b'])")
+        checker.commit()
+
+    c, c_errors = in_thread(idle_check)
+    assert _wait_until_waiting(conn, checker_pid, c), "the idle check did not reach the held row"
+    producer = _open_producer(connect, "read committed")
+    job: list[int] = []
+
+    def enqueue() -> None:
+        job.append(fairqueue.enqueue(producer, "late", channel=produced))
+        producer.commit()
+
+    p, p_errors = in_thread(enqueue)
+    _wait_until_waiting(conn, producer.info.backend_pid, p)  # done (it raced the check) or waiting for it
+    holder.commit()
+    c.join()
+    p.join()
+    assert not c_errors and not p_errors, (c_errors, p_errors)
+    assert [j.id for j in fairqueue.claim_batch(_impatient(connect()), worker, 10)] == job
+    assert_consistent(conn)

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 import fairqueue
+from fairqueue.outcomes import OutcomeName
 from tests.conftest import Connections
 from tests.helpers import assert_consistent, count, drain, race_against_open_transaction
 
@@ -76,6 +77,37 @@ def test_dependants_fail_when_a_dependency_fails_for_good(conn: psycopg.Connecti
         info = fairqueue.get_job(conn, dependant)
         assert info is not None and info.status == "dependency_failed"
         assert info.error == f"dependency {cause} ended with outcome {outcome}"
+    assert_consistent(conn)
+
+
+@pytest.mark.parametrize("outcome", ["failed", "timed_out", "lost", "cancelled"])
+def test_dependants_fail_whichever_way_a_dependency_ends_without_success(
+    conn: psycopg.Connection[Any], worker: int, outcome: OutcomeName
+) -> None:
+    """ "If one ends otherwise [than succeeded], this job ends as dependency_failed" (guide.md): a
+    dependency that ended timed_out, lost or cancelled fails its dependants like a failure does, both
+    those already waiting for it (transitively) and one enqueued after it ended."""
+    holder = fairqueue.register_worker(conn, "holder", lease_seconds=300)
+    a = fairqueue.enqueue(conn, "a", max_attempts=1)
+    b = fairqueue.enqueue(conn, "b", after=[a])
+    c = fairqueue.enqueue(conn, "c", after=[b])
+    assert [j.id for j in fairqueue.claim_batch(conn, holder, 10)] == [a]
+    assert _status(conn, b) == "blocked"
+    if outcome == "lost":  # its worker died: the lease ran out and the fleet recovered the job
+        conn.execute(
+            "UPDATE fairqueue.worker SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (holder,)
+        )
+        assert fairqueue.recover_expired_workers(conn) == 1
+    else:
+        fairqueue.finish(conn, holder, [fairqueue.Outcome(a, outcome, error=outcome, retry_in=1.0)])
+    assert _status(conn, a) == outcome
+    late = fairqueue.enqueue(conn, "late", after=[a])
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # places late: nothing may run
+    for dependant, cause, why in ((b, a, outcome), (c, b, "dependency_failed"), (late, a, outcome)):
+        info = fairqueue.get_job(conn, dependant)
+        assert info is not None and info.status == "dependency_failed", (dependant, info)
+        assert info.error == f"dependency {cause} ended with outcome {why}"
+    assert count(conn, "job") == 0
     assert_consistent(conn)
 
 

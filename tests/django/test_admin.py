@@ -4,6 +4,7 @@ what each page shows, the actions (cancel, retry, pause/resume, channel limits) 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import fairqueue
 
 django = pytest.importorskip("django")
 
+from django.db import DatabaseError  # noqa: E402
 from django.test import Client  # noqa: E402
 
 import fairqueue_django  # noqa: E402
@@ -1249,3 +1251,153 @@ def test_pausing_schedules_reports_a_stored_name_it_refuses_and_pauses_the_other
     ]
     paused = dict(dj.execute("SELECT name, paused FROM fairqueue.periodic_schedule").fetchall())
     assert paused == {"nightly": True, "old\x1b[2J": False}
+
+
+# -- as a database role of each level (fairqueue grant) ------------------------------------------------
+# The admin reaches the queue through FAIRQUEUE['DATABASE']; in production that alias logs in as a role
+# of the admin level. Here it points at a queue database of its own (granting and revoking would leave
+# explicit privileges on the shared Django database's schema) and logs in as a role of each level in
+# turn: an admin role can use every page and action, a producer or worker role sees the pages but
+# every action is refused.
+
+
+@dataclass
+class RoleQueue:
+    owner: psycopg.Connection[Any]  # the schema's owner, on the queue's database
+    ready: int
+    failed: int
+
+
+@pytest.fixture
+def queue_as(
+    server_url: str, login: MakeClient, test_environment: None
+) -> Iterator[Callable[[str], tuple[RoleQueue, Client]]]:
+    """``queue_as(level)``: a queue database of its own (a ready job, a job that failed, channel
+    tenant-a with limits, schedule nightly) that the admin reaches as a new login role of that
+    level; returns it and a superuser's client."""
+    from django.conf import settings
+    from django.db import connections
+    from django.test import override_settings
+
+    from fairqueue import cli, migrations
+    from fairqueue.urls import with_database
+    from tests.helpers import PASSWORD
+
+    suffix = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    database = f"fq_django_roles_{suffix}"
+    created: list[tuple[str, str, Any]] = []
+    owner: list[psycopg.Connection[Any]] = []
+    admin = psycopg.connect(server_url, autocommit=True)
+    admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    admin.execute(f'CREATE DATABASE "{database}"')
+    url = with_database(server_url, database)
+    migrations.upgrade(url)
+
+    def make(level: str) -> tuple[RoleQueue, Client]:
+        name, alias = f"fq_dj_{level}_{suffix}", f"queue_as_{level}"
+        if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute(f'DROP OWNED BY "{name}"')
+            admin.execute(f'DROP ROLE "{name}"')
+        admin.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{PASSWORD}'")
+        assert cli.main(["grant", level, name, "--database-url", url]) == 0
+        conn = psycopg.connect(url, autocommit=True)
+        owner.append(conn)
+        failed = fairqueue.enqueue(conn, "emails.send", {"to": "ann"}, channel="tenant-b", max_attempts=1)
+        worker = fairqueue.register_worker(conn, "worker-1", lease_seconds=300)
+        [claimed] = fairqueue.claim_batch(conn, worker, 1)
+        fairqueue.fail(conn, worker, claimed.id, "ValueError: bad address")
+        ready = fairqueue.enqueue(conn, "reports.build", {"month": 1}, channel="tenant-a")
+        fairqueue.configure_channel(conn, "tenant-a", max_concurrency=5, rate_limit="10/s", burst=3, weight=2)
+        conn.execute(
+            "SELECT fairqueue.register_periodic('nightly', '0 2 * * *', 'UTC', 'reports.nightly', 'reports', '{}', "
+            "'skip')"
+        )
+        connections.settings[alias] = connections.settings["default"] | {
+            "NAME": database,
+            "USER": name,
+            "PASSWORD": PASSWORD,
+        }
+        override = override_settings(FAIRQUEUE={**settings.FAIRQUEUE, "DATABASE": alias})
+        override.enable()
+        created.append((name, alias, override))
+        return RoleQueue(conn, ready, failed), login("root", superuser=True)
+
+    yield make
+    for _name, alias, override in created:
+        override.disable()
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+    for conn in owner:
+        conn.close()
+    admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    for name, _, _ in created:
+        admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+    admin.close()
+
+
+def _every_page(client: Client, q: RoleQueue) -> None:
+    from django.contrib.admin.utils import quote
+
+    from fairqueue_django.admin import attempt_key
+    from fairqueue_django.models import CompletedJob
+
+    key = quote(attempt_key(CompletedJob.objects.filter(job_id=q.failed).first()))
+    for path in (
+        "/admin/",
+        f"{ADMIN}/queueoverview/",
+        f"{ADMIN}/job/",
+        f"{ADMIN}/job/{q.ready}/change/",
+        f"{ADMIN}/completedjob/",
+        f"{ADMIN}/completedjob/{key}/change/",
+        f"{ADMIN}/channel/",
+        f"{ADMIN}/channel/tenant-a/change/",
+        f"{ADMIN}/worker/",
+        f"{ADMIN}/periodicschedule/",
+    ):
+        assert client.get(path).status_code == 200, path
+
+
+def test_an_admin_role_can_use_every_page_and_action(queue_as: Callable[[str], tuple[RoleQueue, Client]]) -> None:
+    q, client = queue_as("admin")
+    _every_page(client, q)
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", q.ready), follow=True)
+    assert _messages(response) == [f"Job {q.ready}: cancelled"]
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", q.failed), follow=True)
+    assert _messages(response) == [f"Job {q.failed}: queued again"]
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"), follow=True)
+    assert _messages(response) == ["Channel tenant-a: paused"]
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    response = client.post(url, _form_data(client.get(url).context["adminform"].form, max_concurrency=7), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
+    assert q.ready not in _live(q.owner) and q.failed in _live(q.owner)
+    assert _channel(q.owner, "tenant-a") == (7, "10/s", 3.0, 2, True)
+    assert q.owner.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (True,)
+
+
+@pytest.mark.parametrize("level", ["producer", "worker"])
+def test_below_the_admin_level_the_pages_show_but_every_action_is_refused(
+    queue_as: Callable[[str], tuple[RoleQueue, Client]], level: str
+) -> None:
+    q, client = queue_as(level)
+    _every_page(client, q)
+    refused = "failed: permission denied for function"
+    response = client.post(f"{ADMIN}/job/", _action("cancel_jobs", q.ready), follow=True)
+    assert _messages(response) == [f"Job {q.ready}: {refused} cancel"]
+    response = client.post(f"{ADMIN}/completedjob/", _action("retry_jobs", q.failed), follow=True)
+    assert _messages(response) == [f"Job {q.failed}: {refused} retry"]
+    response = client.post(f"{ADMIN}/channel/", _action("pause_channels", "tenant-a"), follow=True)
+    assert _messages(response) == [f"Channel tenant-a: {refused} configure_channel"]
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    form = _form_data(client.get(url).context["adminform"].form, max_concurrency=7)
+    # the edit form has no message for a database error: the request fails (a 500 page)
+    with pytest.raises(DatabaseError, match="permission denied for function configure_channel"):
+        client.post(url, form)
+    # nor does the schedules' pause action (unlike the jobs' and channels' actions, which say "failed: ...")
+    with pytest.raises(DatabaseError, match="permission denied for function pause_periodic"):
+        client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
+    assert q.ready in _live(q.owner) and q.failed not in _live(q.owner)
+    assert _channel(q.owner, "tenant-a") == (5, "10/s", 3.0, 2, False)
+    assert q.owner.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (False,)

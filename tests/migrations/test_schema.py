@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 import fairqueue
 from fairqueue import migrations, models, sql
+from fairqueue.outcomes import HISTORY_OUTCOMES
 from fairqueue.urls import to_sqlalchemy
 from tests.factories import ChannelFactory, CompletedJobFactory, WorkerFactory, use_session
 
@@ -175,6 +176,60 @@ def test_finished_jobs_land_in_their_day_and_outcome(conn: psycopg.Connection[An
         (f"fairqueue.completed_job_p{today}_failed", "failed"),
         (f"fairqueue.completed_job_p{today}_succeeded", "succeeded"),
     ]
+
+
+def _every_outcome(conn: psycopg.Connection[Any], worker: int) -> None:
+    """Ends one job in each way a job can end (one final attempt each), through the real operations."""
+    ok = fairqueue.enqueue(conn, "ok")
+    bad = fairqueue.enqueue(conn, "bad", max_attempts=1)
+    slow = fairqueue.enqueue(conn, "slow", max_attempts=1)
+    fairqueue.enqueue(conn, "dependant", after=[bad])
+    fairqueue.enqueue(conn, "cancelled", delay=3600)
+    claimed = {j.kind: j.id for j in fairqueue.claim_batch(conn, worker, 10)}
+    assert set(claimed) == {"ok", "bad", "slow"}
+    fairqueue.finish(
+        conn,
+        worker,
+        [fairqueue.Outcome(ok), fairqueue.Outcome(bad, "failed", error="no"), fairqueue.Outcome(slow, "timed_out")],
+    )
+    [cancelled] = conn.execute("SELECT job_id FROM fairqueue.scheduled_job").fetchone() or [None]
+    assert fairqueue.cancel(conn, cancelled) == "cancelled"
+    dying = fairqueue.register_worker(conn, "dying", lease_seconds=300)
+    fairqueue.enqueue(conn, "lost", max_attempts=1)
+    assert [j.kind for j in fairqueue.claim_batch(conn, dying, 10)] == ["lost"]
+    conn.execute("UPDATE fairqueue.worker SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (dying,))
+    assert fairqueue.recover_expired_workers(conn) == 1
+
+
+def _where_history_is(conn: psycopg.Connection[Any]) -> dict[str, set[str]]:
+    rows = conn.execute("SELECT outcome, tableoid::regclass::text FROM fairqueue.completed_job").fetchall()
+    where: dict[str, set[str]] = {}
+    for outcome, table in rows:
+        where.setdefault(outcome, set()).add(table)
+    return where
+
+
+def test_every_outcome_lands_in_its_days_partition(conn: psycopg.Connection[Any], worker: int) -> None:
+    """Every outcome has its place in the day's partition, as ensure_completed_partitions creates it:
+    succeeded in ``_succeeded``, every other outcome in ``_failed``; none in the day's ``_other`` or
+    the top-level default. Today's partition is made anew here, by the current function (the one the
+    migrations made at install may be an older version), first with rows waiting in the default
+    partition to be moved in, then for rows inserted into it directly."""
+    (today,) = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone() or (None,)
+    assert today is not None
+    day = f"fairqueue.completed_job_p{today:%Y%m%d}"
+    conn.execute(f"DROP TABLE {day}")  # empty: each test starts with no history
+    expected = {o: {f"{day}_succeeded" if o == "succeeded" else f"{day}_failed"} for o in HISTORY_OUTCOMES}
+    try:
+        _every_outcome(conn, worker)
+        assert set(_where_history_is(conn)) == set(HISTORY_OUTCOMES)
+        assert fairqueue.ensure_partitions(conn, days_ahead=0) == 1  # today again; moves today's rows in
+        assert _where_history_is(conn) == expected
+        conn.execute("TRUNCATE fairqueue.completed_job")
+        _every_outcome(conn, worker)
+        assert _where_history_is(conn) == expected
+    finally:
+        fairqueue.ensure_partitions(conn, days_ahead=0)
 
 
 def test_history_outside_every_partition_goes_to_the_default(

@@ -201,6 +201,39 @@ def test_a_timeout_stops_a_handler_that_swallows_exceptions(
     wait_for(lambda: slot_threads() == 2, what="the stopped slot thread to exit")
 
 
+@pytest.mark.parametrize("task", [t.always_too_slow, t.async_always_too_slow], ids=["sync", "async"])
+def test_a_job_that_keeps_timing_out_runs_until_it_is_out_of_attempts(
+    conn: psycopg.Connection[Any], start_worker: Starter, task: fairqueue.Task[[], None]
+) -> None:
+    """A timeout is a failed attempt like any other: retried (after the task's backoff) while
+    attempts are left, and final only on the last one."""
+    job_id = task.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert info.status == "timed_out"
+    assert [(a.attempt, a.outcome, a.final) for a in info.attempts] == [
+        (1, "timed_out", False),
+        (2, "timed_out", False),
+        (3, "timed_out", True),
+    ]
+
+
+@pytest.mark.parametrize("poll_interval", [WorkerConfig.poll_interval, 30.0], ids=["default-poll", "30s-poll"])
+def test_a_timeout_fires_on_time_whatever_the_poll_interval(
+    conn: psycopg.Connection[Any], start_worker: Starter, poll_interval: float
+) -> None:
+    """The dispatcher waits for the next running handler's deadline, not only for the next poll: a
+    0.3 s timeout ends the attempt after about 0.3 s, not at the next poll. (The other worker tests
+    poll every 0.2 s, which would hide a late timeout.)"""
+    job_id = t.spin.enqueue(conn)
+    start_worker(concurrency=1, poll_interval=poll_interval)
+    info = finished(conn, job_id, timeout=60)
+    [attempt] = info.attempts
+    assert attempt.outcome == "timed_out" and attempt.started_at is not None
+    took = (attempt.finished_at - attempt.started_at).total_seconds()
+    assert took < 0.3 + min(0.5, poll_interval / 2), f"a 0.3 s timeout ended the attempt after {took:.2f} s"
+
+
 def slot_threads() -> int:
     return sum(1 for th in threading.enumerate() if th.name.startswith("fairqueue-slot-"))
 

@@ -21,6 +21,13 @@ INSERT INTO fairqueue_alembic_version (version_num) VALUES (%s)
 -- name: role_exists
 SELECT 1 FROM pg_roles WHERE rolname = %s
 
+-- name: may_grant
+-- Whether the connected role may grant fairqueue's rights (it owns the schema, is a member of its
+-- owner, or is a superuser), and the owner's name. No row: fairqueue is not installed. PostgreSQL lets
+-- any role run GRANT on objects it does not own and only warns that nothing was granted.
+SELECT pg_has_role(current_user, n.nspowner, 'USAGE'), n.nspowner::regrole::text
+FROM pg_namespace n WHERE n.nspname = 'fairqueue'
+
 -- name: version_table_drop
 -- `fairqueue migrate --hand-over`: the project's own Alembic records fairqueue's revision from now on.
 DROP TABLE fairqueue_alembic_version

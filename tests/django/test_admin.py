@@ -1395,9 +1395,11 @@ def test_below_the_admin_level_the_pages_show_but_every_action_is_refused(
     # the edit form has no message for a database error: the request fails (a 500 page)
     with pytest.raises(DatabaseError, match="permission denied for function configure_channel"):
         client.post(url, form)
-    # nor does the schedules' pause action (unlike the jobs' and channels' actions, which say "failed: ...")
-    with pytest.raises(DatabaseError, match="permission denied for function pause_periodic"):
-        client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
+    # the schedules' pause action says "failed: ..." per schedule, as the jobs' and channels' actions do
+    response = client.post(
+        f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]}, follow=True
+    )
+    assert _messages(response) == [f"Schedule nightly: {refused} pause_periodic"]
     assert q.ready in _live(q.owner) and q.failed not in _live(q.owner)
     assert _channel(q.owner, "tenant-a") == (5, "10/s", 3.0, 2, False)
     assert q.owner.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (False,)

@@ -432,7 +432,7 @@ def test_only_the_schema_owner_may_migrate_or_grant(role: Callable[[str], str], 
     a non-owner run GRANT and only warns that nothing was granted: the command said it had.)"""
     nobody = role("nothing")
     admin = role("admin")
-    step_down = ("--revision", previous(HEAD), "--downgrade", "--yes-drop-data")
+    step_down = ("--revision", previous(HEAD) or "", "--downgrade", "--yes-drop-data")
     down = _fairqueue("migrate", *step_down, "--database-url", admin)
     assert down.returncode == 1 and down.stderr.startswith("fairqueue: error: database error: permission denied"), down
     assert _fairqueue("migrate", "--current", "--database-url", db_url).stdout.strip().startswith(HEAD)

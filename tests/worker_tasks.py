@@ -214,7 +214,7 @@ def bad_text(what: str, barrier: str, where: str = "error") -> object:
     raise ValueError(BAD_TEXTS[what])
 
 
-@fairqueue.task(name="t.tenant_report", channel="reports", max_attempts=7, timeout=12.5)
+@fairqueue.task(name="t.tenant_report", channel="reports", max_attempts=7, timeout=12.5, priority=-20)
 def tenant_report(tenant: str) -> str:
-    """A task with defaults of its own (channel, attempts, timeout)."""
+    """A task with defaults of its own (channel, attempts, timeout, priority)."""
     return f"report for {tenant}"

@@ -444,6 +444,18 @@ def test_status_shows_control_characters_in_stored_text_as_escapes(
     assert data["failures"][0]["error"] == "Boom\x1b[2K\tFORGED 1 failed\x9b31m"
 
 
+def test_status_lists_each_failures_priority(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = fairqueue.enqueue(conn, "urgent", channel="acme", max_attempts=1, priority=-42)
+    fairqueue.claim_batch(conn, worker, 1)
+    fairqueue.fail(conn, worker, job_id, "Boom")
+    [failure] = json.loads(cli("status", "--json")[1])["failures"]
+    assert (failure["job_id"], failure["priority"]) == (job_id, -42)
+    lines = cli("status")[1].splitlines()
+    start = lines.index("RECENT FAILURES (last 24h, newest first)")
+    header, row = lines[start + 1].split(), lines[start + 2].split()
+    assert header[5] == "PRIORITY" and row[:6] == [str(job_id), "urgent", "acme", "1", "failed", "-42"]
+
+
 def test_status_window_and_failure_count(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
     first = _failed_job(conn, worker, "first")
     second = _failed_job(conn, worker, "second")

@@ -43,6 +43,7 @@ class JobInfo:
     attempts: list[Attempt]
     started_at: datetime | None = None  # when the attempt running now started (None unless running)
     priority: int = 0  # within its channel, higher first (-100 to 100); a retry keeps it
+    not_before: datetime | None = None  # the run_at it was enqueued with (None once it has finished)
 
     @property
     def finished(self) -> bool:
@@ -56,7 +57,7 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
     if not rows:
         return None
     r = rows[0]
-    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[15:22]), strict=True)]
+    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[16:23]), strict=True)]
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -73,6 +74,7 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
         attempts=attempts,
         started_at=r[13],
         priority=r[14],
+        not_before=r[15],
     )
 
 

@@ -54,6 +54,13 @@ class ResultNotStorable(Exception):
     ``django.tasks`` backend uses it, so that the stored error is the one Django's signals saw)."""
 
 
+class HandlerFailed(Exception):
+    """Raised by a handler in place of an exception it caught and reported already, with that exception
+    as its cause: ``raise HandlerFailed() from exc``. The worker records and retries the job as for the
+    cause, with the traceback the cause had when it was caught, without the frames it would gather on
+    its way out (the ``django.tasks`` backend uses it: the stored traceback is the one its signal sent)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """Delay before retry n (n = 1 after the first failure): ``base * 2**(n-1)``, at most ``maximum``,

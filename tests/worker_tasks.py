@@ -154,6 +154,27 @@ def refuses_its_result(with_cause: bool) -> object:
     raise ResultNotStorable("no cause given")
 
 
+def _raise_value_error() -> None:
+    raise ValueError("the error the handler reported")
+
+
+@fairqueue.task(name="t.reports_its_failure", max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.05)
+def reports_its_failure() -> None:
+    """Catches an error, reports it (as the django.tasks backend sends a signal), then hands it over."""
+    from traceback import format_exception
+
+    from fairqueue.tasks import HandlerFailed
+
+    try:
+        _raise_value_error()
+    except ValueError as exc:
+        REPORTED.append("".join(format_exception(exc)))
+        raise HandlerFailed from exc
+
+
+REPORTED: list[str] = []
+
+
 @fairqueue.task(name="t.async_effect", pass_context=True, max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.1)
 async def async_effect(ctx: fairqueue.JobContext, fail: bool = False) -> int:
     """The async twin of t.effect: its write commits exactly when the job's success does."""

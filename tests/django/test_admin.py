@@ -285,6 +285,10 @@ def test_live_jobs_and_the_history_show_each_jobs_priority(login: MakeClient, dj
     assert shown(_text(client.get(f"{ADMIN}/job/{later}/change/"))) == ["-15"]
     assert shown(_text(client.get(f"{ADMIN}/completedjob/"))) == []  # no room in the list: on the page
     assert shown(_text(client.get(f"{ADMIN}/completedjob/{quote_key(dj, urgent)}/change/"))) == ["80"]
+    overview = client.get(f"{ADMIN}/queueoverview/")  # its recent failures, as fairqueue status lists them
+    [failure] = overview.context["failures"]
+    assert (failure["job_id"], failure["priority"]) == (urgent, 80)
+    assert '<td>failed</td><td class="number">80</td>' in _text(overview)
 
 
 def test_the_history_says_final_in_words_not_with_a_green_tick(

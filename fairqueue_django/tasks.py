@@ -48,7 +48,9 @@ How Django's task model maps onto fairqueue:
   the full class path, so the worker adds a note to the exception before fairqueue formats it:
   ``fairqueue_django.exception_class=module.Class header=N`` (N: the length of that first part).
   ``TaskError.exception_class_path`` comes from the note and ``traceback`` is the text after those N
-  characters, without the note: what ``traceback.format_exception`` gave. Without a note (an error
+  characters, without the note: what ``traceback.format_exception`` gave for ``task_finished``
+  (the worker is handed the exception as caught, :class:`fairqueue.tasks.HandlerFailed`, so none
+  of its own frames are added). Without a note (an error
   fairqueue recorded itself), the class is fairqueue's exception for the outcome: JobTimeout,
   JobCancelled, BadArgumentsError, else FairqueueError (lost worker, dependency failed, ...).
   A return value that cannot be stored (not JSON for ``normalize_json``, or past fairqueue's limits)

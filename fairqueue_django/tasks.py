@@ -270,8 +270,8 @@ class FairQueueBackend(BaseTaskBackend):
             )
         # the run_after it was enqueued with (until it finishes: history does not keep it)
         run_after = info.not_before
-        if run_after is not None and not settings.USE_TZ:
-            run_after = timezone.make_naive(run_after)  # as Django gives a naive run_after to a backend
+        if run_after is not None and not settings.USE_TZ and timezone.is_aware(run_after):
+            run_after = timezone.make_naive(run_after)  # naive, as Django's own connection reads it then
         task = _task_for_job(found, self, info.channel, run_after, info.priority)
         return _result_from_job(info, task, self.alias)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from traceback import format_exception
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -327,6 +328,19 @@ def test_the_result_enqueue_returns_equals_get_result_field_by_field(dj: psycopg
         )
         result.refresh()
         assert result == fetched
+
+
+def test_without_time_zone_support_a_naive_run_after_reads_back_as_given(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    from django.test import override_settings
+
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
+        when = datetime.now(ZoneInfo("Asia/Tokyo")).replace(tzinfo=None) + timedelta(hours=1)  # Tokyo's wall clock
+        result = tasks.add.using(run_after=when, priority=3).enqueue(1)
+        assert tasks.add.get_result(result.id) == result
+    info = fairqueue_django.get_job(int(result.id))
+    assert info is not None and info.run_at == when.replace(tzinfo=ZoneInfo("Asia/Tokyo"))
 
 
 def test_aenqueue_aget_result_and_arefresh_return_what_the_sync_calls_return(

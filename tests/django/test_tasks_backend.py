@@ -314,20 +314,26 @@ def _tasks_as_enqueued(tasks: Any) -> list[tuple[Any, tuple[Any, ...], dict[str,
 
 def test_the_result_enqueue_returns_equals_get_result_field_by_field(dj: psycopg.Connection[Any], tasks: Any) -> None:
     from django.tasks import default_task_backend
+    from django.tasks.signals import task_enqueued
 
-    for task, args, kwargs in _tasks_as_enqueued(tasks):
-        with transaction.atomic():
-            result = task.enqueue(*args, **kwargs)
-            assert default_task_backend.get_result(result.id) == result  # in the enqueue's transaction
-        fetched = task.get_result(result.id)
-        assert fetched == result, task
-        assert (fetched.task.priority, fetched.task.queue_name, fetched.task.run_after) == (
-            task.priority,
-            task.queue_name,
-            task.run_after,
-        )
-        result.refresh()
-        assert result == fetched
+    sent: list[Any] = []
+    task_enqueued.connect(lambda task_result, **_: sent.append(task_result), dispatch_uid="contract", weak=False)
+    try:
+        for task, args, kwargs in _tasks_as_enqueued(tasks):
+            with transaction.atomic():
+                result = task.enqueue(*args, **kwargs)
+                assert default_task_backend.get_result(result.id) == result  # in the enqueue's transaction
+            fetched = task.get_result(result.id)
+            assert fetched == result == sent[-1], task
+            assert (fetched.task.priority, fetched.task.queue_name, fetched.task.run_after) == (
+                task.priority,
+                task.queue_name,
+                task.run_after,
+            )
+            result.refresh()
+            assert result == fetched
+    finally:
+        task_enqueued.disconnect(dispatch_uid="contract")
 
 
 def test_without_time_zone_support_a_naive_run_after_reads_back_as_given(

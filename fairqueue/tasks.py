@@ -192,13 +192,13 @@ class Task[**P, R]:
         priority: int = 0,
     ) -> None:
         self.fn = fn
-        self.priority = priority
         self.name = name
         self.channel = channel
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.backoff = backoff
         self.pass_context = pass_context
+        self.priority = priority
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())

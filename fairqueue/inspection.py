@@ -42,6 +42,8 @@ class JobInfo:
     finished_at: datetime | None
     attempts: list[Attempt]
     started_at: datetime | None = None  # when the attempt running now started (None unless running)
+    priority: int = 0  # within its channel, higher first (-100 to 100); a retry keeps it
+    not_before: datetime | None = None  # the run_at it was enqueued with (None once it has finished)
 
     @property
     def finished(self) -> bool:
@@ -55,7 +57,7 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
     if not rows:
         return None
     r = rows[0]
-    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[14:21]), strict=True)]
+    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[16:23]), strict=True)]
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -71,6 +73,8 @@ def get_job(db: object, job_id: int) -> JobInfo | None:
         finished_at=r[12],
         attempts=attempts,
         started_at=r[13],
+        priority=r[14],
+        not_before=r[15],
     )
 
 

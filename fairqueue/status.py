@@ -131,7 +131,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
 
     failed = []
     if failures > 0:
-        for job_id, kind, channel, attempt, outcome, final, finished_at, error in ex.rows(
+        for job_id, kind, channel, attempt, outcome, final, finished_at, error, priority in ex.rows(
             Q.status_failures, {"hours": since_hours, "limit": failures}
         ):
             failed.append(
@@ -144,6 +144,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
                     "final": bool(final),
                     "finished_at": _iso(finished_at),
                     "error": first_line(error),
+                    "priority": int(priority),
                 }
             )
 
@@ -348,7 +349,7 @@ def render_workers(workers: Sequence[dict[str, Any]], maintenance: dict[str, Any
 def render_failures(failures: Sequence[dict[str, Any]]) -> list[str]:
     if not failures:
         return ["(none)"]
-    headers = ["JOB", "KIND", "CHANNEL", "ATTEMPT", "OUTCOME", "FINISHED", "ERROR"]
+    headers = ["JOB", "KIND", "CHANNEL", "ATTEMPT", "OUTCOME", "PRIORITY", "FINISHED", "ERROR"]
     rows = [
         [
             str(f["job_id"]),
@@ -356,12 +357,13 @@ def render_failures(failures: Sequence[dict[str, Any]]) -> list[str]:
             f["channel"],
             str(f["attempt"]),
             f["outcome"] if f["final"] else f"{f['outcome']} (will retry)",
+            str(f["priority"]),
             _when(f["finished_at"]),
             _truncate(visible(f["error"] or ""), ERROR_WIDTH),
         ]
         for f in failures
     ]
-    return table(headers, rows, right=(0, 3))
+    return table(headers, rows, right=(0, 3, 5))
 
 
 def _hours(hours: float) -> str:

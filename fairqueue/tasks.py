@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar,
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
 from fairqueue.producer import JobSpec, OnDuplicate, enqueue
-from fairqueue.validation import check_max_attempts, check_seconds, check_text
+from fairqueue.validation import check_max_attempts, check_priority, check_seconds, check_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -52,6 +52,13 @@ class ResultNotStorable(Exception):
     as its cause: ``raise ResultNotStorable() from exc``. The worker fails the job for good, as for
     any return value that cannot be stored, and records the cause with its traceback (the
     ``django.tasks`` backend uses it, so that the stored error is the one Django's signals saw)."""
+
+
+class HandlerFailed(Exception):
+    """Raised by a handler in place of an exception it caught and reported already, with that exception
+    as its cause: ``raise HandlerFailed() from exc``. The worker records and retries the job as for the
+    cause, with the traceback the cause had when it was caught, without the frames it would gather on
+    its way out (the ``django.tasks`` backend uses it: the stored traceback is the one its signal sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,7 @@ class JobContext:
     started_at: datetime
     worker_id: int
     timeout: float | None = None
+    priority: int = 0  # within its channel, higher first
     _cancelled: bool = field(default=False, repr=False)  # set once, by the worker's dispatcher
     _opener: Callable[[], Session] | None = field(default=None, repr=False)
     _session: Session | None = field(default=None, repr=False)
@@ -165,6 +173,7 @@ class _Options:
     fifo_key: str | None = None
     after: Iterable[int] | None = None
     on_duplicate: OnDuplicate = "return"
+    priority: int | None = None
 
 
 class Task[**P, R]:
@@ -180,6 +189,7 @@ class Task[**P, R]:
         timeout: float | None,
         backoff: Backoff,
         pass_context: bool,
+        priority: int = 0,
     ) -> None:
         self.fn = fn
         self.name = name
@@ -188,6 +198,7 @@ class Task[**P, R]:
         self.timeout = timeout
         self.backoff = backoff
         self.pass_context = pass_context
+        self.priority = priority
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
@@ -266,11 +277,14 @@ class Task[**P, R]:
         fifo_key: str | None = None,
         after: Iterable[int] | None = None,
         on_duplicate: OnDuplicate = "return",
+        priority: int | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options for the next enqueue (see :func:`fairqueue.enqueue`)."""
         return BoundTask(
             self,
-            _Options(channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, on_duplicate),
+            _Options(
+                channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, on_duplicate, priority
+            ),
         )
 
     def enqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
@@ -307,6 +321,7 @@ class BoundTask[**P, R]:
             fifo_key=o.fifo_key,
             after=o.after,
             on_duplicate=o.on_duplicate,
+            priority=t.priority if o.priority is None else o.priority,
         )
 
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
@@ -322,6 +337,7 @@ class BoundTask[**P, R]:
             unique_key=o.unique_key,
             fifo_key=o.fifo_key,
             after=o.after,
+            priority=t.priority if o.priority is None else o.priority,
         )
 
 
@@ -402,6 +418,7 @@ def task(
     retry_backoff_max: float = 300.0,
     retry_jitter: bool = True,
     pass_context: Literal[False] = False,
+    priority: int = 0,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -416,6 +433,7 @@ def task(
     retry_backoff_max: float = 300.0,
     retry_jitter: bool = True,
     pass_context: Literal[True],
+    priority: int = 0,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
@@ -431,6 +449,7 @@ def task[**P, R](
     retry_backoff_max: float = 300.0,
     retry_jitter: bool = True,
     pass_context: bool = False,
+    priority: int = 0,
 ) -> Task[P, R] | Callable[[Callable[..., R]], Task[P, R]]:
     """Registers a function (sync or ``async def``) as a task.
 
@@ -440,6 +459,8 @@ def task[**P, R](
       ``settings.default_max_attempts``) and ``timeout`` (seconds per attempt, None: no limit).
     - ``retry_backoff`` / ``retry_backoff_max`` / ``retry_jitter``: exponential backoff between attempts.
     - ``pass_context``: the handler's first parameter receives a :class:`JobContext`.
+    - ``priority``: default priority of its jobs (-100 to 100, default 0; ``using(priority=...)``
+      overrides it): within their channel, higher runs first. It never takes another channel's turn.
     """
     try:
         channel_ = check_text("channel", channel, max_len=200)
@@ -447,6 +468,7 @@ def task[**P, R](
         timeout_ = None if timeout is None else check_seconds("timeout", timeout)
         base = check_seconds("retry_backoff", retry_backoff)
         cap = check_seconds("retry_backoff_max", retry_backoff_max)
+        priority_ = check_priority(priority)
     except InvalidJobError as exc:
         raise ConfigurationError(f"@fairqueue.task: {exc}") from None
     if cap < base:
@@ -471,6 +493,7 @@ def task[**P, R](
             timeout=timeout_,
             backoff=backoff,
             pass_context=pass_context,
+            priority=priority_,
         )
         registry.add(t)
         return t

@@ -31,8 +31,13 @@ How Django's task model maps onto fairqueue:
   ``FAIRQUEUE['DEFAULT_CHANNEL']``, and that channel reads back as ``"default"``. Without ``QUEUES``
   in the backend's settings every queue name is allowed (Django's own default would allow only
   ``"default"``); with ``QUEUES``, only those.
-- ``priority`` is not supported: fairqueue weighs channels against each other, it has no per-job
-  priority. ``run_after`` becomes the job's ``run_at``.
+- ``priority`` (Django's, -100 to 100, default 0) is the job's fairqueue priority: within its
+  channel (its queue), higher runs first, then enqueue order; it never takes another channel's turn.
+  ``run_after`` becomes the job's ``run_at``.
+- The result ``enqueue`` returns equals what ``get_result`` reads back at once, field by field, its
+  task included (queue, priority, run_after, backend); ``aenqueue``, ``aget_result`` and
+  ``TaskResult.arefresh`` return the same as their sync counterparts (in Django's thread for sync
+  code, on its connection).
 - Attempts are fairqueue's: a task that raises is retried with backoff up to ``MAX_ATTEMPTS``
   attempts; ``TaskContext.attempt`` (the length of ``worker_ids``) is the fairqueue attempt number,
   and ``worker_ids`` holds the fairqueue worker id of each attempt (``""`` where that is not known).
@@ -43,7 +48,9 @@ How Django's task model maps onto fairqueue:
   the full class path, so the worker adds a note to the exception before fairqueue formats it:
   ``fairqueue_django.exception_class=module.Class header=N`` (N: the length of that first part).
   ``TaskError.exception_class_path`` comes from the note and ``traceback`` is the text after those N
-  characters, without the note: what ``traceback.format_exception`` gave. Without a note (an error
+  characters, without the note: what ``traceback.format_exception`` gave for ``task_finished``
+  (the worker is handed the exception as caught, :class:`fairqueue.tasks.HandlerFailed`, so none
+  of its own frames are added). Without a note (an error
   fairqueue recorded itself), the class is fairqueue's exception for the outcome: JobTimeout,
   JobCancelled, BadArgumentsError, else FairqueueError (lost worker, dependency failed, ...).
   A return value that cannot be stored (not JSON for ``normalize_json``, or past fairqueue's limits)
@@ -74,6 +81,7 @@ from traceback import format_exception
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
 from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskContext, TaskResult, TaskResultStatus
 from django.tasks import Task as DjangoTask
@@ -90,7 +98,7 @@ from fairqueue.config import settings as fairqueue_settings
 from fairqueue.errors import InvalidJobError
 from fairqueue.inspection import JobInfo
 from fairqueue.sql import Q
-from fairqueue.tasks import Backoff, JobContext, ResultNotStorable, registry
+from fairqueue.tasks import Backoff, HandlerFailed, JobContext, ResultNotStorable, registry
 from fairqueue.tasks import Task as FairqueueTask
 from fairqueue.validation import MAX_CHANNEL, check_max_attempts, check_result, check_seconds, check_text
 from fairqueue_django import conf
@@ -130,7 +138,7 @@ class FairQueueBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -183,7 +191,13 @@ class FairQueueBackend(BaseTaskBackend):
 
     def validate_task(self, task: DjangoTask) -> None:
         """Django's checks, and the queue name's as a fairqueue channel name (1 to 200 characters, no
-        control characters): ``task.using(queue_name=...)`` refuses one that no job could have."""
+        control characters): ``task.using(queue_name=...)`` refuses one that no job could have. A
+        ``run_after`` that is no datetime (a timedelta, say) is refused clearly too."""
+        if task.run_after is not None and not isinstance(task.run_after, datetime):
+            raise InvalidTask(
+                f"run_after must be a datetime, got {type(task.run_after).__name__} "
+                "(for a delay, give timezone.now() + timedelta(...))"
+            )
         super().validate_task(task)
         if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
             try:
@@ -206,6 +220,7 @@ class FairQueueBackend(BaseTaskBackend):
             run_at=run_at,
             max_attempts=self.max_attempts,
             timeout=self.timeout,
+            priority=int(task.priority),  # Django checked it: a whole number (maybe 5.0) from -100 to 100
         )
         # the time the job was stored with, as get_result reads it back (not this process's clock)
         [(enqueued_at,)] = executor_for(connection).rows(Q.django_enqueued_at, (job_id,))
@@ -253,11 +268,11 @@ class FairQueueBackend(BaseTaskBackend):
                 f"{result_id}: job {job_id} runs {info.kind!r}, which is no Django task of a fairqueue "
                 "backend loaded in this process (import its module first)"
             )
-        # a job that has not run yet and waits for its time: the run_after it was enqueued with
-        run_after = None
-        if info.status == "scheduled" and info.attempt == 0 and info.run_at and info.run_at > info.enqueued_at:
-            run_after = info.run_at
-        task = _task_for_job(found, self, info.channel, run_after)
+        # the run_after it was enqueued with (until it finishes: history does not keep it)
+        run_after = info.not_before
+        if run_after is not None and not settings.USE_TZ and timezone.is_aware(run_after):
+            run_after = timezone.make_naive(run_after)  # naive, as Django's own connection reads it then
+        task = _task_for_job(found, self, info.channel, run_after, info.priority)
         return _result_from_job(info, task, self.alias)
 
 
@@ -306,9 +321,14 @@ def _find_task(kind: str) -> DjangoTask | None:
     return candidate if isinstance(backend, FairQueueBackend) else None
 
 
-def _task_for_job(task: DjangoTask, backend: FairQueueBackend, channel: str, run_after: datetime | None) -> DjangoTask:
-    """``task`` as the job was enqueued, as far as the job tells: its queue, backend and run_after."""
+def _task_for_job(
+    task: DjangoTask, backend: FairQueueBackend, channel: str, run_after: datetime | None, priority: int
+) -> DjangoTask:
+    """``task`` as the job was enqueued, as far as the job tells: its queue, backend, run_after and
+    priority."""
     changes: dict[str, Any] = {}
+    if priority != task.priority:
+        changes["priority"] = priority
     queue_name = backend.queue_name_for(channel)
     if queue_name != task.queue_name:
         changes["queue_name"] = queue_name
@@ -413,7 +433,7 @@ def _running_result(
     worker_ids, errors, starts = _attempt_history(history, before=ctx.attempt)
     worker_ids[ctx.attempt] = str(ctx.worker_id)
     return TaskResult(
-        task=_task_for_job(task, backend, ctx.channel, None),
+        task=_task_for_job(task, backend, ctx.channel, None, ctx.priority),
         id=str(ctx.job_id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=ctx.enqueued_at,
@@ -505,6 +525,8 @@ def _run(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object 
         _failed(result, exc)
         task_finished.send_robust(sender, task_result=result)  # inside except: receivers see exc_info
         _note_class(exc)
+        if isinstance(exc, Exception):
+            raise HandlerFailed from exc  # stored with the traceback the signal sent
         raise
     try:
         stored = _storable(value)
@@ -555,6 +577,8 @@ async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: 
         _failed(result, exc)
         await _send_failed(sender, result, exc)
         _note_class(exc)
+        if isinstance(exc, Exception):
+            raise HandlerFailed from exc  # stored with the traceback the signal sent
         raise
     try:
         stored = _storable(value)

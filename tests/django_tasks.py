@@ -32,6 +32,12 @@ def add(a: int, b: int = 0) -> int:
     return a + b
 
 
+@task(priority=-30)
+def background_add(a: int, b: int = 0) -> int:
+    """A task whose jobs run after the other jobs of their queue (a priority below the default)."""
+    return a + b
+
+
 @task
 def write_order(note: str) -> list[Any]:
     from django.db import connection

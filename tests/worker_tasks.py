@@ -154,6 +154,27 @@ def refuses_its_result(with_cause: bool) -> object:
     raise ResultNotStorable("no cause given")
 
 
+def _raise_value_error() -> None:
+    raise ValueError("the error the handler reported")
+
+
+@fairqueue.task(name="t.reports_its_failure", max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.05)
+def reports_its_failure() -> None:
+    """Catches an error, reports it (as the django.tasks backend sends a signal), then hands it over."""
+    from traceback import format_exception
+
+    from fairqueue.tasks import HandlerFailed
+
+    try:
+        _raise_value_error()
+    except ValueError as exc:
+        REPORTED.append("".join(format_exception(exc)))
+        raise HandlerFailed from exc
+
+
+REPORTED: list[str] = []
+
+
 @fairqueue.task(name="t.async_effect", pass_context=True, max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.1)
 async def async_effect(ctx: fairqueue.JobContext, fail: bool = False) -> int:
     """The async twin of t.effect: its write commits exactly when the job's success does."""
@@ -214,7 +235,7 @@ def bad_text(what: str, barrier: str, where: str = "error") -> object:
     raise ValueError(BAD_TEXTS[what])
 
 
-@fairqueue.task(name="t.tenant_report", channel="reports", max_attempts=7, timeout=12.5)
+@fairqueue.task(name="t.tenant_report", channel="reports", max_attempts=7, timeout=12.5, priority=-20)
 def tenant_report(tenant: str) -> str:
-    """A task with defaults of its own (channel, attempts, timeout)."""
+    """A task with defaults of its own (channel, attempts, timeout, priority)."""
     return f"report for {tenant}"

@@ -115,13 +115,14 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     check_optional_text("fifo_key", args.fifo_key)
     job_args = _parse_job_args(args.args)
     run_at = None if args.run_at is None else _parse_run_at(args.run_at)
-    channel, max_attempts = args.channel, args.max_attempts
+    channel, max_attempts, priority = args.channel, args.max_attempts, args.priority
     if args.imports:
         # the task's own defaults, as task.enqueue would use them; its timeout applies when it runs
         task = _imported_task(args.kind, args.imports)
         task.call_arguments(job_args)  # the args must fit its signature (BadArgumentsError)
         channel = task.channel if channel is None else channel
         max_attempts = task.max_attempts if max_attempts is None else max_attempts
+        priority = task.priority if priority is None else priority
     with connect(args) as conn:
         try:
             job_id = enqueue(
@@ -137,6 +138,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
                 fifo_key=args.fifo_key,
                 after=args.after or None,
                 on_duplicate="raise",
+                priority=0 if priority is None else priority,
             )
         except DuplicateJobError as exc:
             conn.rollback()
@@ -328,6 +330,12 @@ def add_admin_commands(commands: Any) -> None:
         "--fifo-key",
         metavar="K",
         help="jobs of the channel sharing K run one at a time, in enqueue order",
+    )
+    enqueue.add_argument(
+        "--priority",
+        type=bounded_int(-100, 100),
+        metavar="N",
+        help="from -100 to 100: within its channel, higher runs first (default: the task's with --import, else 0)",
     )
     enqueue.add_argument(
         "--after",

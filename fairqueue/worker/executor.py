@@ -117,6 +117,7 @@ class Executor:
             started_at=job.started_at,
             worker_id=worker_id,
             timeout=timeout,
+            priority=job.priority,
         )
         r = Running(job=job, worker_id=worker_id, task=task, ctx=ctx)
         if timeout is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fairqueue.config import settings
 from fairqueue.consumer import Outcome
-from fairqueue.tasks import JobCancelled, JobTimeout, Registry, ResultNotStorable
+from fairqueue.tasks import HandlerFailed, JobCancelled, JobTimeout, Registry, ResultNotStorable
 from fairqueue.text import clip
 from fairqueue.validation import check_result, clean_text
 from fairqueue.worker.state import Running
@@ -49,6 +49,8 @@ def failure(r: Running, exc: BaseException) -> Outcome:
     if isinstance(exc, ResultNotStorable) and exc.__cause__ is not None:
         # the handler's return value cannot be stored, and its cause says why: not retried
         return replace(failure(r, exc.__cause__), retry_in=None)
+    if isinstance(exc, HandlerFailed) and exc.__cause__ is not None:
+        return failure(r, exc.__cause__)  # as the handler caught it (see HandlerFailed)
     try:
         message = str(exc)
     except Exception:

@@ -150,7 +150,7 @@ KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("un
 @admin.register(CompletedJob)
 class CompletedJobAdmin(QueueAdmin):
     # what fits beside the navigation and the filters in a 1400 px window: whether an attempt was
-    # final is said with its outcome, and its wait, run time and worker are on the attempt's page
+    # final is said with its outcome, and its wait, run time, worker and priority are on the attempt's page
     list_display = ("finished", "job", "attempt", "outcome_and_finality", KIND, CHANNEL, "error_line")
     list_display_links = None
     list_filter = (FinishedFilter, "outcome", "final", ChannelFilter, KindFilter)
@@ -164,7 +164,7 @@ class CompletedJobAdmin(QueueAdmin):
     sortable_by = ("finished", "job", "attempt", "outcome_and_finality", KIND, CHANNEL)
     actions = ("retry_jobs",)
     fieldsets = (
-        (None, {"fields": ("job", "attempt", "outcome", "final_attempt", KIND, CHANNEL, "worker_id")}),
+        (None, {"fields": ("job", "attempt", "outcome", "final_attempt", KIND, CHANNEL, "priority", "worker_id")}),
         ("Arguments", {"fields": ("pretty_args",)}),
         ("Result", {"fields": ("pretty_result",)}),
         ("Error", {"fields": ("pretty_error",)}),

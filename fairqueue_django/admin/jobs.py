@@ -45,15 +45,15 @@ KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("un
 
 @admin.register(Job)
 class JobAdmin(QueueAdmin):
-    list_display = ("id", KIND, CHANNEL, "status", "attempts", "enqueued")
+    list_display = ("id", KIND, CHANNEL, "priority", "status", "attempts", "enqueued")
     list_filter = (JobStatusFilter, ChannelFilter, KindFilter)
     search_fields = ("kind", "channel")
     search_help_text = "A job id, or part of a kind or channel name."
     ordering = ("-id",)
-    sortable_by = ("id", KIND, CHANNEL, "enqueued")
+    sortable_by = ("id", KIND, CHANNEL, "enqueued")  # not priority: no index has it first
     actions = ("cancel_jobs",)
     fieldsets = (
-        (None, {"fields": ("id", KIND, CHANNEL, "status", "where", "attempts")}),
+        (None, {"fields": ("id", KIND, CHANNEL, "priority", "status", "where", "attempts")}),
         ("Arguments", {"fields": ("pretty_args",)}),
         (
             "Options",
@@ -66,6 +66,7 @@ class JobAdmin(QueueAdmin):
         "id",
         KIND,
         CHANNEL,
+        "priority",
         "status",
         "where",
         "attempts",

@@ -145,6 +145,18 @@ def test_enqueue_options(cli: Run, conn: psycopg.Connection[Any]) -> None:
     assert code == 0, err
     info = fairqueue.get_job(conn, int(out))
     assert info is not None and info.status == "scheduled" and info.run_at is not None and info.run_at.year == 2999
+    assert info.priority == 0
+
+
+def test_enqueue_priority_from_minus_100_to_100(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    for kind, priority in [("low", "-100"), ("plain", "0"), ("high", "100")]:
+        code, _, err = cli("enqueue", kind, "--channel", "acme", "--priority", priority)
+        assert code == 0, err
+    assert [(j.kind, j.priority) for j in fairqueue.claim_batch(conn, worker, 3)] == [
+        ("high", 100),
+        ("plain", 0),
+        ("low", -100),
+    ]
 
 
 @pytest.fixture
@@ -207,6 +219,7 @@ def test_enqueue_with_import_uses_the_tasks_defaults_and_checks_the_args(
     assert code == 0, err
     row = conn.execute("SELECT channel, max_attempts, timeout_seconds FROM fairqueue.job WHERE id = %s", (int(out),))
     assert row.fetchone() == ("reports", 7, None)  # its timeout applies when it runs, as with task.enqueue
+    assert conn.execute("SELECT priority FROM fairqueue.job WHERE id = %s", (int(out),)).fetchone() == (-20,)
     # what the command line says wins
     code, out, err = cli(
         "enqueue", "t.tenant_report", "--import", "tests.worker_tasks", "--args", '{"tenant": "acme"}',
@@ -215,6 +228,12 @@ def test_enqueue_with_import_uses_the_tasks_defaults_and_checks_the_args(
     assert code == 0, err
     row = conn.execute("SELECT channel, max_attempts FROM fairqueue.job WHERE id = %s", (int(out),))
     assert row.fetchone() == ("acme", 2)
+    code, out, err = cli(
+        "enqueue", "t.tenant_report", "--import", "tests.worker_tasks", "--args", '{"tenant": "acme"}',
+        "--priority", "0",
+    )  # fmt: skip
+    assert code == 0, err
+    assert conn.execute("SELECT priority FROM fairqueue.job WHERE id = %s", (int(out),)).fetchone() == (0,)
 
 
 @pytest.mark.parametrize(
@@ -423,6 +442,18 @@ def test_status_shows_control_characters_in_stored_text_as_escapes(
     data = json.loads(cli("status", "--json")[1])
     assert data["workers"][0]["name"] == "box\x1b]0;title\x07"
     assert data["failures"][0]["error"] == "Boom\x1b[2K\tFORGED 1 failed\x9b31m"
+
+
+def test_status_lists_each_failures_priority(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    job_id = fairqueue.enqueue(conn, "urgent", channel="acme", max_attempts=1, priority=-42)
+    fairqueue.claim_batch(conn, worker, 1)
+    fairqueue.fail(conn, worker, job_id, "Boom")
+    [failure] = json.loads(cli("status", "--json")[1])["failures"]
+    assert (failure["job_id"], failure["priority"]) == (job_id, -42)
+    lines = cli("status")[1].splitlines()
+    start = lines.index("RECENT FAILURES (last 24h, newest first)")
+    header, row = lines[start + 1].split(), lines[start + 2].split()
+    assert header[5] == "PRIORITY" and row[:6] == [str(job_id), "urgent", "acme", "1", "failed", "-42"]
 
 
 def test_status_window_and_failure_count(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:

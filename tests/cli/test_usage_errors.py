@@ -28,6 +28,10 @@ ENQUEUE = [
     (["--timeout=-inf"], "timeout must be a finite number of seconds"),
     (["--run-at", "9999-12-31T23:00-10:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
     (["--run-at", "0001-01-01T00:00+14:00"], "run_at must be from 0001-01-02 to 9999-12-30 in UTC"),
+    (["--priority", "101"], "argument --priority: must be a whole number from -100 to 100, got '101'"),
+    (["--priority=-101"], "argument --priority: must be a whole number from -100 to 100, got '-101'"),
+    (["--priority", "1.5"], "argument --priority: must be a whole number from -100 to 100, got '1.5'"),
+    (["--priority", "high"], "argument --priority: must be a whole number from -100 to 100, got 'high'"),
 ]
 
 

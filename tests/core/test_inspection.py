@@ -32,6 +32,24 @@ def test_a_jobs_attempts_oldest_first_across_an_operators_retry(conn: psycopg.Co
     assert info is not None and info.attempts == attempts
 
 
+def test_get_job_shows_the_priority_while_queued_after_the_job_ended_and_after_a_retry(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    job_id = fairqueue.enqueue(conn, "k", channel="acme", priority=-7, max_attempts=1)
+    plain = fairqueue.enqueue(conn, "k", channel="acme")
+    queued = [fairqueue.get_job(conn, i) for i in (job_id, plain)]
+    assert [(j.status, j.priority) for j in queued if j is not None] == [("ready", -7), ("ready", 0)]
+    [claimed] = fairqueue.claim_batch(conn, worker, 1)  # plain first: 0 is above -7
+    assert claimed.id == plain
+    fairqueue.claim_batch(conn, worker, 1)
+    fairqueue.fail(conn, worker, job_id, "boom")
+    ended = fairqueue.get_job(conn, job_id)
+    assert ended is not None and (ended.status, ended.priority) == ("failed", -7)  # read from its history
+    assert fairqueue.retry(conn, job_id) == "retried"
+    again = fairqueue.get_job(conn, job_id)
+    assert again is not None and again.priority == -7 and not again.finished
+
+
 def test_get_job_reads_the_job_and_its_attempts_in_one_snapshot(
     db_url: str, conn: psycopg.Connection[Any], worker: int
 ) -> None:

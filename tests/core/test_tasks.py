@@ -32,6 +32,11 @@ def record(item: str, count: int = 1) -> str:
     return item * count
 
 
+@fairqueue.task(name="tt.urgent", channel="tt-urgent", priority=40)
+def urgent(item: str) -> str:
+    return item
+
+
 @fairqueue.task(name="tt.anything")
 def anything(value: object) -> None:
     return None
@@ -214,6 +219,10 @@ def test_star_args_in_the_signature_are_refused() -> None:
         ({"max_attempts": 0}, "max_attempts"),
         ({"max_attempts": 1001}, "max_attempts"),
         ({"channel": ""}, "channel"),
+        ({"priority": 101}, "priority"),
+        ({"priority": -101}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"priority": True}, "priority"),
     ],
 )
 def test_bad_decorator_options_are_refused_when_decorating(options: dict[str, Any], match: str) -> None:
@@ -411,6 +420,19 @@ def test_using_overrides_max_attempts_and_timeout_and_chains(conn: psycopg.Conne
     job_id = bound.enqueue(conn, "a")
     row = job_row(conn, job_id)
     assert (row["channel"], row["max_attempts"], row["timeout_seconds"], row["run_at"]) == ("tt-chained", 2, 12.0, None)
+
+
+def test_a_tasks_priority_is_its_jobs_default_and_using_overrides_it(conn: psycopg.Connection[Any]) -> None:
+    assert (urgent.priority, record.priority) == (40, 0)
+    urgent.enqueue(conn, "default")
+    urgent.using(priority=0).enqueue(conn, "zero")  # 0 given is 0, not the task's default
+    urgent.using(channel="tt-other").using(priority=-3).enqueue(conn, "chained")
+    fairqueue.enqueue_many(conn, [urgent.spec("spec"), urgent.using(priority=90).spec("spec-90")])
+    rows = conn.execute("SELECT args->>'item', priority FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [("default", 40), ("zero", 0), ("chained", -3), ("spec", 40), ("spec-90", 90)]
+    with pytest.raises(InvalidJobError, match="priority must be a whole number from -100 to 100"):
+        urgent.using(priority=101).enqueue(conn, "too high")
+    assert count(conn, "job") == 5
 
 
 def test_using_on_duplicate_raise_reports_the_holder(conn: psycopg.Connection[Any]) -> None:

@@ -268,6 +268,29 @@ def test_the_history_lists_attempts_and_shows_one_in_full(
     assert any("doesn\u2019t exist" in m for m in _messages(response))
 
 
+def test_live_jobs_and_the_history_show_each_jobs_priority(login: MakeClient, dj: psycopg.Connection[Any]) -> None:
+    worker = fairqueue.register_worker(dj, "worker-1", lease_seconds=300)
+    urgent = fairqueue_django.enqueue("reports.build", channel="tenant-a", priority=80, max_attempts=1)
+    later = fairqueue_django.enqueue("reports.build", channel="tenant-a", priority=-15)
+    [claimed] = fairqueue.claim_batch(dj, worker, 1)
+    assert claimed.id == urgent
+    fairqueue.fail(dj, worker, urgent, "boom")
+    client = login("root", superuser=True)
+
+    def shown(page: str) -> list[str]:
+        cells = re.findall(r'<td class="field-priority">([^<]*)</td>', page)
+        return cells or re.findall(r'<label>Priority:</label>\s*<div class="readonly">([^<]*)</div>', page)
+
+    assert shown(_text(client.get(f"{ADMIN}/job/"))) == ["-15"]
+    assert shown(_text(client.get(f"{ADMIN}/job/{later}/change/"))) == ["-15"]
+    assert shown(_text(client.get(f"{ADMIN}/completedjob/"))) == []  # no room in the list: on the page
+    assert shown(_text(client.get(f"{ADMIN}/completedjob/{quote_key(dj, urgent)}/change/"))) == ["80"]
+    overview = client.get(f"{ADMIN}/queueoverview/")  # its recent failures, as fairqueue status lists them
+    [failure] = overview.context["failures"]
+    assert (failure["job_id"], failure["priority"]) == (urgent, 80)
+    assert '<td>failed</td><td class="number">80</td>' in _text(overview)
+
+
 def test_the_history_says_final_in_words_not_with_a_green_tick(
     login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
 ) -> None:

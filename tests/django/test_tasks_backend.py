@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from traceback import format_exception
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -24,6 +25,7 @@ django = pytest.importorskip("django")
 
 from django.db import transaction  # noqa: E402
 
+import fairqueue  # noqa: E402
 import fairqueue_django  # noqa: E402
 
 Starter = Callable[..., Worker]
@@ -146,11 +148,48 @@ def test_a_backend_with_queues_allows_only_those(tasks: Any) -> None:
         backend.validate_task(tasks.add.using(queue_name="tenant-1"))
 
 
-def test_priority_is_not_supported(tasks: Any) -> None:
+def test_priority_orders_the_jobs_of_a_queue_and_never_takes_another_queues_turn(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    from django.tasks import default_task_backend
+
+    assert default_task_backend.supports_priority
+    background = tasks.background_add.enqueue(1)  # the @task's priority, -30
+    plain = tasks.add.enqueue(2)
+    urgent = tasks.add.using(priority=100).enqueue(3)
+    lowest = tasks.add.using(priority=-100).enqueue(4)
+    other = tasks.add.using(queue_name="tenant-2", priority=-100).enqueue(5)
+    stored = dict(dj.execute("SELECT id::text, priority FROM fairqueue.job").fetchall())
+    assert stored == {background.id: -30, plain.id: 0, urgent.id: 100, lowest.id: -100, other.id: -100}
+    worker = fairqueue.register_worker(dj, "test-worker", lease_seconds=300)
+    first = fairqueue.claim_batch(dj, worker, 2)
+    assert sorted(str(j.id) for j in first) == sorted([urgent.id, other.id])  # round robin first
+    rest = fairqueue.claim_batch(dj, worker, 10)
+    assert [str(j.id) for j in rest] == [plain.id, background.id, lowest.id]
+    assert tasks.add.get_result(urgent.id).task.priority == 100
+    assert tasks.background_add.get_result(background.id).task is tasks.background_add
+
+
+@pytest.mark.parametrize("priority", [101, -101, 1.5])
+def test_a_priority_django_refuses_writes_nothing(dj: psycopg.Connection[Any], tasks: Any, priority: Any) -> None:
     from django.tasks.exceptions import InvalidTask
 
-    with pytest.raises(InvalidTask, match="priority"):
-        tasks.add.using(priority=10)
+    with pytest.raises(InvalidTask, match="priority must be a whole number between -100 and 100"):
+        tasks.add.using(priority=priority).enqueue(1)
+    assert _jobs(dj) == []
+
+
+def test_a_whole_float_priority_is_stored_as_that_number(dj: psycopg.Connection[Any], tasks: Any) -> None:
+    result = tasks.add.using(priority=5.0).enqueue(1)  # Django allows it
+    assert dj.execute("SELECT priority FROM fairqueue.job").fetchall() == [(5,)]
+    assert tasks.add.get_result(result.id) == result
+
+
+def test_run_after_must_be_a_datetime(tasks: Any) -> None:
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="run_after must be a datetime, got timedelta"):
+        tasks.add.using(run_after=timedelta(minutes=5))
 
 
 def test_run_after_schedules_the_job(dj: psycopg.Connection[Any], tasks: Any) -> None:
@@ -255,6 +294,125 @@ def test_aenqueue_and_aget_result_from_async_code(dj: psycopg.Connection[Any], t
     result, fetched = asyncio.run(view())
     assert fetched.id == result.id and fetched.status == "READY" and fetched.kwargs == {"b": 5}
     assert [args for _, _, args in _jobs(dj)] == [{"args": [4], "kwargs": {"b": 5}}]
+
+
+# -- Django's contract for a database backend: what enqueue returns is what get_result reads -----------
+
+
+def _tasks_as_enqueued(tasks: Any) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    past = datetime.now(UTC) - timedelta(days=1)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    return [
+        (tasks.add, (1,), {"b": 2}),
+        (tasks.background_add, (3,), {}),
+        (tasks.add.using(priority=7, queue_name="tenant-7"), ((4,), [5]), {}),  # a tuple comes back a list
+        (tasks.add.using(run_after=later, priority=-1), (6,), {}),
+        (tasks.add.using(run_after=past), (7,), {}),  # ready at once: its run_after reads back all the same
+        (tasks.flaky.using(queue_name="default"), (), {"succeed_on": 1}),
+    ]
+
+
+def test_the_result_enqueue_returns_equals_get_result_field_by_field(dj: psycopg.Connection[Any], tasks: Any) -> None:
+    from django.tasks import default_task_backend
+    from django.tasks.signals import task_enqueued
+
+    sent: list[Any] = []
+    task_enqueued.connect(lambda task_result, **_: sent.append(task_result), dispatch_uid="contract", weak=False)
+    try:
+        for task, args, kwargs in _tasks_as_enqueued(tasks):
+            with transaction.atomic():
+                result = task.enqueue(*args, **kwargs)
+                assert default_task_backend.get_result(result.id) == result  # in the enqueue's transaction
+            fetched = task.get_result(result.id)
+            assert fetched == result == sent[-1], task
+            assert (fetched.task.priority, fetched.task.queue_name, fetched.task.run_after) == (
+                task.priority,
+                task.queue_name,
+                task.run_after,
+            )
+            result.refresh()
+            assert result == fetched
+    finally:
+        task_enqueued.disconnect(dispatch_uid="contract")
+
+
+def test_without_time_zone_support_a_naive_run_after_reads_back_as_given(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    from django.test import override_settings
+
+    with override_settings(USE_TZ=False, TIME_ZONE="Asia/Tokyo"):
+        when = datetime.now(ZoneInfo("Asia/Tokyo")).replace(tzinfo=None) + timedelta(hours=1)  # Tokyo's wall clock
+        result = tasks.add.using(run_after=when, priority=3).enqueue(1)
+        assert tasks.add.get_result(result.id) == result
+    info = fairqueue_django.get_job(int(result.id))
+    assert info is not None and info.run_at == when.replace(tzinfo=ZoneInfo("Asia/Tokyo"))
+
+
+def test_aenqueue_aget_result_and_arefresh_return_what_the_sync_calls_return(
+    dj: psycopg.Connection[Any], tasks: Any
+) -> None:
+    async def view(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+        result = await task.aenqueue(*args, **kwargs)
+        fetched = await task.aget_result(result.id)
+        refreshed = await task.aget_result(result.id)
+        await refreshed.arefresh()
+        return result, fetched, refreshed
+
+    for task, args, kwargs in _tasks_as_enqueued(tasks):
+        result, fetched, refreshed = asyncio.run(view(task, args, kwargs))
+        assert result == fetched == refreshed == task.get_result(result.id), task
+    assert len(_jobs(dj)) == len(_tasks_as_enqueued(tasks))
+
+
+def test_the_signals_carry_what_get_result_reads_once_the_task_has_finished(
+    dj: psycopg.Connection[Any], tasks: Any, start_worker: Starter
+) -> None:
+    """Each attempt's task_finished and the final get_result agree on everything the worker knew then:
+    the task (queue, priority), arguments, attempts, workers, start times, errors with their
+    tracebacks and the return value. finished_at is the worker's clock in the signal, the time the
+    completion was recorded in get_result."""
+    from django.tasks.signals import task_finished, task_started
+
+    fields = ("task", "id", "enqueued_at", "started_at", "last_attempted_at", "args", "kwargs", "backend")
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def receiver(signal: Any, task_result: Any, **kwargs: Any) -> None:
+        values = {name: getattr(task_result, name) for name in fields}
+        values |= {"status": str(task_result.status), "errors": list(task_result.errors)}
+        values |= {"worker_ids": list(task_result.worker_ids)}
+        if task_result.status == "SUCCESSFUL":
+            values["return_value"] = task_result.return_value
+        seen.append(("started" if signal is task_started else "finished", values))
+
+    for signal in (task_started, task_finished):
+        signal.connect(receiver, dispatch_uid="test_signals_agree")
+    try:
+        result = tasks.flaky.using(queue_name="tenant-3", priority=-60).enqueue(succeed_on=2)
+        worker = start_worker()
+        _finished(result)
+    finally:
+        for signal in (task_started, task_finished):
+            signal.disconnect(dispatch_uid="test_signals_agree")
+    assert [(name, values["status"]) for name, values in seen] == [
+        ("started", "RUNNING"),
+        ("finished", "FAILED"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
+    ]
+    failed, succeeded = seen[1][1], seen[3][1]
+    assert {name: getattr(result, name) for name in fields} == {name: succeeded[name] for name in fields}
+    assert (str(result.status), result.errors, result.worker_ids) == (
+        succeeded["status"],
+        succeeded["errors"],
+        succeeded["worker_ids"],
+    )
+    assert result.return_value == succeeded["return_value"]
+    assert result.errors == failed["errors"] and len(result.errors) == 1  # the error and traceback as sent
+    assert result.worker_ids == [str(worker.worker_id)] * 2
+    assert (result.task.priority, result.task.queue_name) == (-60, "tenant-3")
+    assert all(values["task"] == result.task for _, values in seen)
+    assert result.finished_at is not None and result.finished_at >= succeeded["last_attempted_at"]
 
 
 # -- running on a worker ------------------------------------------------------------------------------
@@ -381,6 +539,7 @@ def test_an_async_tasks_error_is_stored_with_the_traceback_the_signal_carried(
     # frame of the thread that ran the receiver
     frames = sent.traceback.split("\n", 1)[1]
     assert stored.traceback.endswith(frames) and "asgiref" not in stored.traceback
+    assert stored == sent  # and nothing else: the worker's own frames are not in it either
 
 
 def test_signals_fire_on_enqueue_and_around_each_attempt(

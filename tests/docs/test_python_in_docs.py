@@ -77,7 +77,9 @@ PAGES: dict[str, Page] = {
         'assert conn.execute("SELECT balance FROM accounts").fetchone() == (90,)\n'
         "assert len(ids) == 2\n"
         "assert (settings.max_concurrency, settings.rate_limit, settings.weight, settings.paused) == "
-        "(None, '600/m', 3, True)\n",
+        "(None, '600/m', 3, True)\n"
+        "claimed = fairqueue.claim_batch(conn, fairqueue.register_worker(conn, 'docs', lease_seconds=60), 100)\n"
+        "assert [j.id for j in claimed if j.id in (urgent, plain, nightly)] == [urgent, plain, nightly]\n",
     ),
     "docs/tasks.md": Page(
         prelude="""

@@ -132,6 +132,19 @@ def test_a_handler_that_finds_its_result_cannot_be_stored_fails_for_good_with_th
     assert (info.error or "").startswith("ResultNotStorable: no cause given")
 
 
+def test_a_handler_that_hands_over_a_caught_error_has_it_stored_as_caught_and_retried(
+    conn: psycopg.Connection[Any], start_worker: Starter
+) -> None:
+    t.REPORTED.clear()
+    job_id = t.reports_its_failure.enqueue(conn)
+    start_worker()
+    info = finished(conn, job_id)
+    assert (info.status, info.attempt) == ("failed", 2)  # retried, as for the error itself
+    header = "ValueError: the error the handler reported\n\n"
+    assert [a.error for a in info.attempts] == [header + text for text in t.REPORTED]  # no frame of the worker's
+    assert "HandlerFailed" not in (info.error or "") and len(t.REPORTED) == 2
+
+
 def test_out_of_attempts_ends_failed_with_the_error_and_traceback(
     conn: psycopg.Connection[Any], start_worker: Starter
 ) -> None:

@@ -73,7 +73,7 @@ GROUP BY outcome, final
 -- name: status_failures
 -- The latest attempts that did not succeed in the window. Both conditions prune partitions: days
 -- outside the window, and each day's 'succeeded' sub-partition.
-SELECT job_id, kind, channel, attempt, outcome, final, finished_at, error
+SELECT job_id, kind, channel, attempt, outcome, final, finished_at, error, priority
 FROM fairqueue.completed_job
 WHERE finished_at >= now() - %(hours)s::double precision * interval '1 hour' AND outcome <> 'succeeded'
 ORDER BY finished_at DESC, job_id DESC

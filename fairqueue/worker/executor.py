@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any
 
+from fairqueue import tracing
 from fairqueue.consumer import ClaimedJob, Outcome
 from fairqueue.tasks import BadArgumentsError, JobContext, Registry, Task
 from fairqueue.worker.config import WorkerConfig
@@ -191,7 +192,7 @@ class Executor:
                         self._run_sync(r)
                     except BaseException as exc:  # from around_job or the runtime, not the handler
                         if r.settle():
-                            self._complete(r, failure(r, exc))
+                            self._complete(r, _failed(r, exc))
                 with r.lock:
                     r.thread_done = True
                     if r.state == "abandoned":
@@ -200,6 +201,16 @@ class Executor:
     def _run_sync(self, r: Running) -> None:
         if not r.begin():
             return
+        if not tracing.ENABLED:
+            self._run_begun(r)
+            return
+        r.span, token = tracing.start_attempt(r.job, r.worker_id)
+        try:
+            self._run_begun(r)  # in the attempt's span: the handler's own spans are its children
+        finally:
+            tracing.detach(token)
+
+    def _run_begun(self, r: Running) -> None:
         task = r.task
         if task is None:
             if r.settle():
@@ -224,7 +235,7 @@ class Executor:
                 if not r.settle():
                     return
                 rollback(r)
-                self._complete(r, failure(r, exc))
+                self._complete(r, _failed(r, exc))
                 return
             if not r.settle():
                 return
@@ -259,6 +270,16 @@ class Executor:
     async def _run_async(self, r: Running) -> None:
         if not r.begin():
             return
+        if not tracing.ENABLED:
+            await self._run_async_begun(r)
+            return
+        r.span, token = tracing.start_attempt(r.job, r.worker_id)
+        try:
+            await self._run_async_begun(r)  # current in this task, and in tasks the handler creates
+        finally:
+            tracing.detach(token)
+
+    async def _run_async_begun(self, r: Running) -> None:
         task = r.task
         assert task is not None
         arguments = self._arguments(r, task)
@@ -279,13 +300,13 @@ class Executor:
                 outcome = Outcome(r.job.id, "succeeded", result=result)
         except TimeoutError as exc:
             # ours only if our deadline fired; a handler's own TimeoutError is an ordinary failure
-            outcome = timed_out(r) if deadline is not None and deadline.expired() else failure(r, exc)
+            outcome = timed_out(r) if deadline is not None and deadline.expired() else _failed(r, exc)
         except asyncio.CancelledError:
             if not r.ctx.cancel_requested:
                 raise
             outcome = cancelled(r)
         except Exception as exc:
-            outcome = failure(r, exc)
+            outcome = _failed(r, exc)
         finally:
             await self.transactions.put_back_async_connection(r)
         if r.settle():
@@ -298,11 +319,18 @@ class Executor:
         if future.cancelled():
             outcome = cancelled(r, started=r.state == "running")
         elif (exc := future.exception()) is not None:
-            outcome = failure(r, exc)
+            outcome = _failed(r, exc)
         else:
             return
         if r.settle_unfinished():
             self._complete(r, outcome)
+
+
+def _failed(r: Running, exc: BaseException) -> Outcome:
+    """The failure outcome of a handler's exception, recorded on the attempt's span too."""
+    if r.span is not None:
+        tracing.failed(r.span, exc)
+    return failure(r, exc)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

@@ -33,6 +33,7 @@ ENABLED = _trace is not None
 MAX_TRACE_CONTEXT_CHARS = 4096  # a traceparent is 55 characters; a tracestate at most 512 per the W3C spec
 ERROR_OUTCOMES = frozenset({"failed", "timed_out", "lost"})  # a cancel is asked for, not an error
 
+_NO_PARENT = _context.Context() if _context is not None else None  # a job enqueued outside any trace
 _tracer: Any = None  # made on first use: a tracer of whichever provider is set by then
 
 
@@ -51,16 +52,17 @@ def trace_context() -> str | None:
     return text if len(text) <= MAX_TRACE_CONTEXT_CHARS else None
 
 
-def start_attempt(job: ClaimedJob, worker_id: int) -> tuple[Any, object]:
+def start_attempt(job: ClaimedJob, worker_id: int) -> tuple[Any, object | None]:
     """Starts the attempt's span and makes it current in this thread (or task): returns the span
-    and the token :func:`detach` takes once the handler returned. Call only when ENABLED."""
+    and the token :func:`detach` takes once the handler returned; (None, None) when there is no
+    span to record or continue. Call only when ENABLED."""
     global _tracer
     if _tracer is None:
         from fairqueue import __version__
 
         _tracer = _trace.get_tracer("fairqueue", __version__)
     # the enqueuing span's context (and baggage) as parent; none stored: a root span
-    parent = _propagate.extract(job.trace_context) if job.trace_context else _context.Context()
+    parent = _propagate.extract(job.trace_context) if job.trace_context else _NO_PARENT
     span = _tracer.start_span(f"process {job.kind}", context=parent, kind=_trace.SpanKind.CONSUMER)
     if span.is_recording():  # the API alone (no SDK) records nothing: skip the attributes
         span.set_attributes(
@@ -80,13 +82,18 @@ def start_attempt(job: ClaimedJob, worker_id: int) -> tuple[Any, object]:
                 "fairqueue.worker.id": worker_id,
             }
         )
+    elif not span.get_span_context().is_valid:
+        # the API alone (no SDK) and no stored context: there is no trace to continue, so skip
+        # ending and making current the invalid span (the cost then is one no-op start_span)
+        return None, None
     token = _context.attach(_trace.set_span_in_context(span, parent))
     return span, token
 
 
-def detach(token: object) -> None:
+def detach(token: object | None) -> None:
     """Makes the span :func:`start_attempt` made current no longer current (same thread or task)."""
-    _context.detach(token)  # type: ignore[arg-type]
+    if token is not None:
+        _context.detach(token)  # type: ignore[arg-type]
 
 
 def failed(span: Any, exc: BaseException) -> None:
@@ -107,13 +114,13 @@ def failed(span: Any, exc: BaseException) -> None:
 def end_attempt(span: Any, outcome: str, *, seconds_ago: float = 0.0) -> None:
     """Ends an attempt's span with its outcome (``lost``: the job was taken from this worker),
     ``seconds_ago`` being when the handler handed the outcome in."""
-    if span.is_recording():
-        span.set_attribute("fairqueue.job.outcome", outcome)
-        if outcome in ERROR_OUTCOMES:
-            if outcome != "failed":  # a failure has its exception's status already
-                span.set_attribute("error.type", outcome)
-                span.set_status(_trace.Status(_trace.StatusCode.ERROR, outcome))
-            elif getattr(getattr(span, "status", None), "status_code", None) != _trace.StatusCode.ERROR:
-                span.set_attribute("error.type", "failed")
-                span.set_status(_trace.Status(_trace.StatusCode.ERROR, "failed"))
+    if not span.is_recording():
+        span.end()
+        return
+    span.set_attribute("fairqueue.job.outcome", outcome)
+    if outcome in ERROR_OUTCOMES:
+        status = getattr(getattr(span, "status", None), "status_code", None)
+        if status != _trace.StatusCode.ERROR:  # a failure's exception set the status already
+            span.set_attribute("error.type", outcome)
+            span.set_status(_trace.Status(_trace.StatusCode.ERROR, outcome))
     span.end(end_time=time.time_ns() - int(seconds_ago * 1e9) if seconds_ago > 0 else None)

@@ -50,7 +50,19 @@ async def async_nested() -> None:
     await asyncio.sleep(0)
     with tracer.start_as_current_span("inner async work"):
         await asyncio.sleep(0)
+    await asyncio.create_task(_in_a_task_of_its_own())
     raise ValueError("the async handler failed")
+
+
+async def _in_a_task_of_its_own() -> None:
+    with tracer.start_as_current_span("work in a created task"):
+        await asyncio.sleep(0)
+
+
+@fairqueue.task(name="tracing.fan_out", max_attempts=1)
+def fan_out(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return t.add.enqueue(conn, 1)
 
 
 def attempt_spans(spans: InMemorySpanExporter, n: int, kind: str) -> list[ReadableSpan]:
@@ -153,12 +165,27 @@ def test_an_async_handler_runs_in_its_attempt_span_which_records_its_failure(
     assert finished(conn, job_id).status == "failed"
     [attempt] = attempt_spans(spans, 1, "tracing.async_nested")
     assert attempt.parent is not None and attempt.parent.span_id == request.get_span_context().span_id
-    [inner] = [s for s in spans.get_finished_spans() if s.name == "inner async work"]
-    assert inner.parent is not None and attempt.context is not None
-    assert inner.parent.span_id == attempt.context.span_id
+    inner = [s for s in spans.get_finished_spans() if s.name in ("inner async work", "work in a created task")]
+    assert attempt.context is not None and len(inner) == 2
+    assert all(s.parent is not None and s.parent.span_id == attempt.context.span_id for s in inner)
     assert attempt.status.status_code is StatusCode.ERROR
     assert [e.name for e in attempt.events] == ["exception"]
     assert attempt.attributes is not None and attempt.attributes["fairqueue.job.outcome"] == "failed"
+
+
+def test_jobs_a_handler_enqueues_continue_its_trace(
+    conn: psycopg.Connection[Any], db_url: str, start_worker: Starter, spans: InMemorySpanExporter
+) -> None:
+    with tracer.start_as_current_span("web request") as request:
+        job_id = fan_out.enqueue(conn, db_url)
+    start_worker()
+    child_id = finished(conn, job_id).result
+    assert finished(conn, child_id).result == 1
+    [parent_attempt] = attempt_spans(spans, 1, "tracing.fan_out")
+    [child_attempt] = attempt_spans(spans, 1, "t.add")
+    assert parent_attempt.context is not None and child_attempt.context is not None
+    assert child_attempt.parent is not None and child_attempt.parent.span_id == parent_attempt.context.span_id
+    assert child_attempt.context.trace_id == request.get_span_context().trace_id
 
 
 def test_a_job_enqueued_with_no_active_span_gets_a_root_span(
@@ -185,6 +212,19 @@ def test_a_timeout_ends_its_span_with_outcome_timed_out(
     assert span.attributes is not None
     assert (span.attributes["fairqueue.job.outcome"], span.attributes["error.type"]) == ("timed_out", "timed_out")
     assert span.status.status_code is StatusCode.ERROR
+
+
+def test_a_cancelled_attempt_ends_its_span_with_outcome_cancelled_and_no_error(
+    conn: psycopg.Connection[Any], start_worker: Starter, spans: InMemorySpanExporter
+) -> None:
+    job_id = t.wait_for_cancel.enqueue(conn, gate="started")
+    start_worker(concurrency=1)
+    assert t.GATES["started"].wait(20)
+    assert fairqueue.cancel(conn, job_id) == "cancel_requested"
+    assert finished(conn, job_id).status == "cancelled"
+    [span] = attempt_spans(spans, 1, "t.wait_for_cancel")
+    assert span.attributes is not None and span.attributes["fairqueue.job.outcome"] == "cancelled"
+    assert span.status.status_code is StatusCode.UNSET and span.events == ()
 
 
 def test_a_job_taken_from_its_worker_ends_its_span_lost(

@@ -5,7 +5,8 @@ up on (timeout, cancel).
 The dispatcher hands each claimed job in with :meth:`Executor.start` (on its own thread); a handler's
 outcome goes back to it through the :class:`~fairqueue.worker.state.Inbox`. A sync handler is
 stopped by an exception injected into its thread, repeated until it lands; an async one by
-cancelling its task.
+cancelling its task. With OpenTelemetry installed, each handler runs with its attempt's span current
+(fairqueue.tracing); the finisher ends the span once the outcome is recorded.
 """
 
 from __future__ import annotations

@@ -251,3 +251,23 @@ def worker_log() -> Iterator[Records]:
     yield records
     logger.removeHandler(records)
     logger.setLevel(old_level)
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """The spans this test ends, from OpenTelemetry's SDK (an in-memory exporter on the process's
+    tracer provider, which is set once: OpenTelemetry allows one per process)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    yield exporter
+    exporter.shutdown()  # the processor stays (a provider cannot drop one) but exports nothing more

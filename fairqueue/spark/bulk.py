@@ -41,6 +41,7 @@ from fairqueue.bulk import BulkEnqueueError
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
 from fairqueue.sql import Q
+from fairqueue.tracing import trace_context
 from fairqueue.urls import redact, resolve
 from fairqueue.validation import MAX_CHANNEL, MAX_NAME, check_max_attempts, check_seconds, check_text
 
@@ -263,6 +264,7 @@ class _Writer:
     kind: str
     max_attempts: int
     timeout: float | None
+    trace_context: str | None = None  # the driver's, current at enqueue_dataframe (fairqueue.tracing)
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[tuple[str, int, int, bool, float]]:
         from pyspark import TaskContext
@@ -295,6 +297,7 @@ class _Writer:
                 kind=self.kind,
                 max_attempts=self.max_attempts,
                 timeout=self.timeout,
+                trace_context=self.trace_context,
             )
         else:
             recorded, result = known
@@ -551,7 +554,8 @@ def enqueue_dataframe(
         .select("key", "text", "problem")
     )
     call_id = uuid.uuid4().hex
-    writer = _Writer(url, run_id, call_id, kind, max_attempts, timeout_s)
+    # the executors run outside the driver's trace: the jobs carry the context current here
+    writer = _Writer(url, run_id, call_id, kind, max_attempts, timeout_s, trace_context())
     sc.setJobDescription(f"{JOB_DESCRIPTION}: write run {run_id}")
     try:
         done = batches.rdd.mapPartitions(writer).collect()

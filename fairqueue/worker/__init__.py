@@ -240,6 +240,8 @@ class Worker:
         self._executor.close_slots()
         # Whatever still runs (aborted, or past the grace period) is recorded as lost and re-run.
         still_running = len(self._inflight)
+        for r in [*self._inflight.values(), *self._completer.pending()]:
+            r.end_span("lost")
         try:
             conn = self._db.get()
             n = deregister_worker(conn, self.worker_id)

@@ -71,6 +71,11 @@ class Completer:
         with self._ready:
             return {d.running.job.id for d in self._pending}
 
+    def pending(self) -> list[Running]:
+        """The jobs whose outcomes wait to be recorded."""
+        with self._ready:
+            return [d.running for d in self._pending]
+
     def close(self) -> None:
         """Ends the finisher thread after the batch it is recording (when aborting: after one try)."""
         with self._ready:
@@ -193,6 +198,8 @@ class Completer:
                 counted.append((r.job.channel, r.job.kind, d.outcome.outcome, now - (r.started or r.claimed)))
                 if d.outcome.outcome != "succeeded":
                     self._log_failure(r, d.outcome, got[r.job.id])
+            if r.span is not None:  # a job no longer ours was recorded as lost when it was taken away
+                r.end_span(d.outcome.outcome if r.job.id in got else "lost", seconds_ago=now - d.at)
         self.metrics.jobs_finished(counted)
         self.finished_total += len(counted)
 
@@ -201,6 +208,7 @@ class Completer:
         run = time.monotonic() - (r.started or r.claimed)
         self.metrics.job_finished(r.job.channel, r.job.kind, outcome, run)
         self.finished_total += 1
+        r.end_span(outcome)
 
     def _log_failure(self, r: Running, outcome: Outcome, recorded: Finished) -> None:
         first_line = (outcome.error or "").split("\n", 1)[0]

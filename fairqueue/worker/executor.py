@@ -5,7 +5,8 @@ up on (timeout, cancel).
 The dispatcher hands each claimed job in with :meth:`Executor.start` (on its own thread); a handler's
 outcome goes back to it through the :class:`~fairqueue.worker.state.Inbox`. A sync handler is
 stopped by an exception injected into its thread, repeated until it lands; an async one by
-cancelling its task.
+cancelling its task. With OpenTelemetry installed, each handler runs with its attempt's span current
+(fairqueue.tracing); the finisher ends the span once the outcome is recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any
 
+from fairqueue import tracing
 from fairqueue.consumer import ClaimedJob, Outcome
 from fairqueue.tasks import BadArgumentsError, JobContext, Registry, Task
 from fairqueue.worker.config import WorkerConfig
@@ -192,7 +194,7 @@ class Executor:
                         self._run_sync(r)
                     except BaseException as exc:  # from around_job or the runtime, not the handler
                         if r.settle():
-                            self._complete(r, failure(r, exc))
+                            self._complete(r, _failed(r, exc))
                 with r.lock:
                     r.thread_done = True
                     if r.state == "abandoned":
@@ -201,6 +203,16 @@ class Executor:
     def _run_sync(self, r: Running) -> None:
         if not r.begin():
             return
+        if not tracing.ENABLED:
+            self._run_begun(r)
+            return
+        r.span, token = tracing.start_attempt(r.job, r.worker_id)
+        try:
+            self._run_begun(r)  # in the attempt's span: the handler's own spans are its children
+        finally:
+            tracing.detach(token)
+
+    def _run_begun(self, r: Running) -> None:
         task = r.task
         if task is None:
             if r.settle():
@@ -225,7 +237,7 @@ class Executor:
                 if not r.settle():
                     return
                 rollback(r)
-                self._complete(r, failure(r, exc))
+                self._complete(r, _failed(r, exc))
                 return
             if not r.settle():
                 return
@@ -260,6 +272,16 @@ class Executor:
     async def _run_async(self, r: Running) -> None:
         if not r.begin():
             return
+        if not tracing.ENABLED:
+            await self._run_async_begun(r)
+            return
+        r.span, token = tracing.start_attempt(r.job, r.worker_id)
+        try:
+            await self._run_async_begun(r)  # current in this task, and in tasks the handler creates
+        finally:
+            tracing.detach(token)
+
+    async def _run_async_begun(self, r: Running) -> None:
         task = r.task
         assert task is not None
         arguments = self._arguments(r, task)
@@ -280,13 +302,13 @@ class Executor:
                 outcome = Outcome(r.job.id, "succeeded", result=result)
         except TimeoutError as exc:
             # ours only if our deadline fired; a handler's own TimeoutError is an ordinary failure
-            outcome = timed_out(r) if deadline is not None and deadline.expired() else failure(r, exc)
+            outcome = timed_out(r) if deadline is not None and deadline.expired() else _failed(r, exc)
         except asyncio.CancelledError:
             if not r.ctx.cancel_requested:
                 raise
             outcome = cancelled(r)
         except Exception as exc:
-            outcome = failure(r, exc)
+            outcome = _failed(r, exc)
         finally:
             await self.transactions.put_back_async_connection(r)
         if r.settle():
@@ -299,11 +321,18 @@ class Executor:
         if future.cancelled():
             outcome = cancelled(r, started=r.state == "running")
         elif (exc := future.exception()) is not None:
-            outcome = failure(r, exc)
+            outcome = _failed(r, exc)
         else:
             return
         if r.settle_unfinished():
             self._complete(r, outcome)
+
+
+def _failed(r: Running, exc: BaseException) -> Outcome:
+    """The failure outcome of a handler's exception, recorded on the attempt's span too."""
+    if r.span is not None:
+        tracing.failed(r.span, exc)
+    return failure(r, exc)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop) -> None:

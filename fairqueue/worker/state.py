@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from fairqueue import tracing
 from fairqueue.consumer import ClaimedJob, Finished, Outcome
 from fairqueue.tasks import JobContext, Task
 
@@ -48,6 +49,7 @@ class Running:
     stop_with: type[BaseException] | None = None  # the exception injected into an abandoned handler
     abandoned_at: float = 0.0
     future: Future[None] | None = None
+    span: Any = None  # the attempt's OpenTelemetry span (fairqueue.tracing), from its start until it ends
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin(self) -> bool:
@@ -88,6 +90,12 @@ class Running:
                 return False
             self.state = "released"
             return True
+
+    def end_span(self, outcome: str, *, seconds_ago: float = 0.0) -> None:
+        """Ends the attempt's span, if it has one that has not ended (whichever thread gets here first)."""
+        span, self.span = self.span, None
+        if span is not None:
+            tracing.end_attempt(span, outcome, seconds_ago=seconds_ago)
 
     def fields(self) -> dict[str, Any]:
         """The job, as log records name it."""

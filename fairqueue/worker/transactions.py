@@ -82,6 +82,7 @@ def rollback(r: Running) -> None:
 
 def _taken_away(r: Running) -> None:
     log.warning("job was taken from this worker; its transaction was rolled back", extra=r.fields())
+    r.end_span("lost")
 
 
 class HandlerTransactions:

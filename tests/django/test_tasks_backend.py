@@ -129,6 +129,28 @@ def test_a_nested_atomic_rollback_takes_only_its_own_job(dj: psycopg.Connection[
     assert [args["args"] for _, _, args in _jobs(dj)] == [[1], [3]]
 
 
+def test_enqueue_and_aenqueue_store_the_trace_context_current_then(
+    dj: psycopg.Connection[Any], tasks: Any, spans: Any
+) -> None:
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("tests.django")
+
+    async def enqueue_async() -> Any:
+        with tracer.start_as_current_span("async view") as span:
+            return await tasks.add.aenqueue(2), span
+
+    with tracer.start_as_current_span("view") as span:
+        result = tasks.add.enqueue(1)
+    expected = [(int(result.id), span)]
+    result, span = asyncio.run(enqueue_async())  # sync_to_async carries the context to the thread
+    expected.append((int(result.id), span))
+    stored = dict(dj.execute("SELECT id, trace_context->>'traceparent' FROM fairqueue.job").fetchall())
+    for job_id, span in expected:
+        context = span.get_span_context()
+        assert stored[job_id] == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
 def test_queue_name_is_the_channel(dj: psycopg.Connection[Any], tasks: Any) -> None:
     result = tasks.add.using(queue_name="tenant-42").enqueue(1)
     tasks.add.enqueue(2)

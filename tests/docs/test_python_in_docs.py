@@ -117,6 +117,13 @@ assert fairqueue.registry.get("ledger.post") is post_entry and fairqueue.registr
     "docs/migrations.md": Page(
         after="assert not include_name('fairqueue', 'schema', {}) and include_name('public', 'schema', {})\n"
     ),
+    "docs/tracing.md": Page(
+        after="""
+assert set(stored) == {"traceparent"} and stored["traceparent"].startswith("00-")
+assert fairqueue.get_job(conn, job_id).result == "invoice-7.pdf"
+provider.force_flush()
+""",
+    ),
     "docs/pipeline.md": Page(
         prelude="recipients = [('acme', 'a@example.com'), ('bob', 'b@example.com')]\n",
         after="assert (result.jobs, result.created, result.duplicates) == (2, 2, 0)\n",

@@ -231,6 +231,19 @@ def test_a_constant_channel_and_no_args(spark: Any, spark_url: str, conn: psycop
     ]
 
 
+def test_the_jobs_carry_the_trace_context_current_on_the_driver(
+    spark: Any, spark_url: str, conn: psycopg.Connection[Any], spans: Any
+) -> None:
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.spark").start_as_current_span("nightly import") as span:
+        enqueue_dataframe(spark.range(3), spark_url, kind="ping", channel="ops")
+    context = span.get_span_context()
+    traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    stored = conn.execute("SELECT DISTINCT trace_context->>'traceparent' FROM fairqueue.job").fetchall()
+    assert stored == [(traceparent,)]
+
+
 def test_unique_keys_dedupe_against_unfinished_jobs_and_within_the_dataframe(
     spark: Any, spark_url: str, conn: psycopg.Connection[Any]
 ) -> None:

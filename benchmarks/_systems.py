@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 import fairqueue
+from benchmarks import floor
 from benchmarks._common import ROOT, SCRIPTS, scalar, wait_for
 from benchmarks.peer_workers import pace
 from benchmarks.tasks import noop
@@ -233,27 +234,60 @@ class Loop(System):
             conn.execute(LOOP_TABLES)
 
     def start(self, url: str) -> Workers:
-        ctx = mp.get_context("spawn")
-        stop = ctx.Event()
-        args = (url, self.batch, self.poll, stop)
-        procs = [ctx.Process(target=loop_worker, args=args) for _ in range(self.processes)]
-        for p in procs:
-            p.start()
-
-        def halt() -> None:
-            stop.set()
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
-
-        return Workers([p.pid for p in procs if p.pid], halt)
+        return _spawn(loop_worker, url, self.processes, self.batch, self.poll)
 
     def add(self, conn: psycopg.Connection[Any], channel: str, n: int) -> None:
         conn.execute("INSERT INTO bench_queue (kind) SELECT %s FROM generate_series(1, %s)", (channel, n))
 
     def add_one(self, conn: psycopg.Connection[Any], channel: str) -> int:
         return int(scalar(conn, "INSERT INTO bench_queue (kind) VALUES (%s) RETURNING id", (channel,)))
+
+
+class Floor(System):
+    """The fair SQL floor (benchmarks/floor.py): fair across channels in one PL/pgSQL round trip per
+    claim and one statement per finish, nothing more; polls every ``poll`` seconds when idle."""
+
+    key = "floor"
+    times_sql = "SELECT id AS job_id, enqueued_at AS enqueued, started_at AS started FROM floor_done"
+    unfinished_sql = "SELECT (SELECT count(*) FROM floor_job) + (SELECT count(*) FROM floor_running)"
+    queued_by_channel_sql = "SELECT channel, count(*) FROM floor_job GROUP BY channel"
+    span_sql = SPAN.format(table="floor_done")
+    started_by_channel_sql = "SELECT channel, started_at AS started FROM floor_done"
+
+    def __init__(self, processes: int = 2, batch: int = 10, poll: float = 0.001) -> None:
+        self.processes, self.batch, self.poll = processes, batch, poll
+        super().__init__(f"fair SQL floor, {processes} procs x batch {batch}")
+
+    def setup(self, url: str) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(floor.TABLES)
+
+    def start(self, url: str) -> Workers:
+        return _spawn(floor.floor_worker, url, self.processes, self.batch, self.poll)
+
+    def add(self, conn: psycopg.Connection[Any], channel: str, n: int) -> None:
+        conn.execute(floor.ENQUEUE, (channel, n))
+
+    def add_one(self, conn: psycopg.Connection[Any], channel: str) -> int:
+        return int(scalar(conn, floor.ENQUEUE_ONE, (channel,)))
+
+
+def _spawn(target: Callable[..., None], url: str, processes: int, batch: int, poll: float) -> Workers:
+    """``processes`` worker processes running ``target(url, batch, poll, stop)`` until stopped."""
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=target, args=(url, batch, poll, stop)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+
+    def halt() -> None:
+        stop.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+
+    return Workers([p.pid for p in procs if p.pid], halt)
 
 
 LOOP_CLAIM = (

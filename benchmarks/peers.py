@@ -1,6 +1,7 @@
 """Drain throughput of fairqueue side by side with PgQueuer, Procrastinate and a hand-written loop.
 
-    python -m benchmarks.peers [--jobs 20000] [--rounds 2] [--database-url URL] [--no-peers] [--quick] [--no-doc]
+    python -m benchmarks.peers [--jobs 20000] [--channels 1] [--rounds 2] [--database-url URL] [--no-peers]
+                               [--quick] [--no-doc]
 
 One PostgreSQL (embedded 18 with durable settings unless --database-url), a fresh database per system
 per round, systems alternating (the order rotates every round). Every system drains the same number of
@@ -17,12 +18,17 @@ configured as its documentation sets it up, PgQueuer also as tuned in the perfor
   x 1 queue manager x batch 50. Drain mode.
 - Procrastinate 3.10: 2 processes x concurrency 10, run_worker(wait=False).
 - hand-written SKIP LOCKED loop: batch 10 x 1 process, and 2 processes x batch 50 and x batch 100
-  (unfair, no history, one table: the floor).
+  (unfair, no history, one table).
+- the fair SQL floor (benchmarks/floor.py): the least a fair queue must do, in raw SQL, 2 processes x
+  batch 10, 50 and 100.
 - fairqueue worker: 2 processes x concurrency 10 (batch 10), x concurrency 50 (batch 50) and
   x concurrency 100 (batch 100).
 
-Targets (the performance issue): fairqueue at least 2x tuned PgQueuer, and at least 0.6x the loop at
-the same claim batch size; both are reported for batch 50 and batch 100.
+With --channels N the drained jobs are spread evenly over N channels (fairqueue, the loop and the floor;
+PgQueuer and Procrastinate have no channels and drain the same jobs).
+
+Targets: fairqueue at least 2x tuned PgQueuer, at least 0.6x the loop at the same claim batch size (the
+first performance issue) and at least 0.6x the fair SQL floor at the same batch size (issue 16).
 
 Then fairness, once per system: Bob enqueues 10,000 jobs (--bob), then Alice 1, and the workers drain the
 queue; reported is how many jobs had started when Alice's did, and her wait.
@@ -41,7 +47,7 @@ from typing import Any
 import psycopg
 
 from benchmarks._common import SCRIPTS, Run, parser, scalar, session, verdict, wait_for
-from benchmarks._systems import Fairqueue, Loop, System
+from benchmarks._systems import Fairqueue, Floor, Loop, System
 
 # -- peers (their own drain mode) -------------------------------------------------------------------------
 
@@ -118,12 +124,18 @@ def drain_procrastinate(python: str, url: str, jobs: int, processes: int, concur
 # -- fairqueue and the loop ------------------------------------------------------------------------------
 
 
+CHANNELS = 1  # channels the drained jobs are spread over (--channels)
+
+
 def drain(system: System, url: str, jobs: int) -> dict[str, Any]:
-    """Queues ``jobs`` no-op jobs, starts the workers, waits for the queue to empty."""
+    """Queues ``jobs`` no-op jobs over ``CHANNELS`` channels (as evenly as they go), starts the
+    workers, waits for the queue to empty."""
     system.setup(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        for done in range(0, jobs, 10_000):
-            system.add(conn, "c0", min(10_000, jobs - done))
+        for channel in range(CHANNELS):
+            share = jobs // CHANNELS + (channel < jobs % CHANNELS)
+            for done in range(0, share, 10_000):
+                system.add(conn, f"c{channel}", min(10_000, share - done))
         conn.execute("VACUUM ANALYZE")
         workers = system.start(url)
         try:
@@ -205,6 +217,9 @@ LOOP10, LOOP50, LOOP100 = "loop, batch 10, 1 proc", "loop, batch 50, 2 procs", "
 FQ10 = "fairqueue, 2 procs x concurrency 10 (batch 10)"
 FQ50 = "fairqueue, 2 procs x concurrency 50 (batch 50)"
 FQ100 = "fairqueue, 2 procs x concurrency 100 (batch 100)"
+FLOOR10 = "fair SQL floor, 2 procs x batch 10"
+FLOOR50 = "fair SQL floor, 2 procs x batch 50"
+FLOOR100 = "fair SQL floor, 2 procs x batch 100"
 PGQ = "PgQueuer 1.6, 1 proc x 5 managers x batch 10"
 PGQ_TUNED = "PgQueuer 1.6 tuned, 2 procs x batch 50"
 PROCRASTINATE = "Procrastinate 3.10, 2 procs x concurrency 10"
@@ -213,6 +228,9 @@ SYSTEMS: list[tuple[str, bool, Runner]] = [  # (label, is a peer, run(python, ur
     (LOOP10, False, lambda py, url, n: drain(Loop(1, 10), url, n)),
     (LOOP50, False, lambda py, url, n: drain(Loop(2, 50), url, n)),
     (LOOP100, False, lambda py, url, n: drain(Loop(2, 100), url, n)),
+    (FLOOR10, False, lambda py, url, n: drain(Floor(2, 10), url, n)),
+    (FLOOR50, False, lambda py, url, n: drain(Floor(2, 50), url, n)),
+    (FLOOR100, False, lambda py, url, n: drain(Floor(2, 100), url, n)),
     (FQ10, False, lambda py, url, n: drain(Fairqueue(2, 10, 10), url, n)),
     (FQ50, False, lambda py, url, n: drain(Fairqueue(2, 50, 50), url, n)),
     (FQ100, False, lambda py, url, n: drain(Fairqueue(2, 100, 100), url, n)),
@@ -243,6 +261,9 @@ def targets(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         (FQ100, PGQ_TUNED, 2.0, "fairqueue batch 100 / PgQueuer tuned"),
         (FQ50, LOOP50, 0.6, "fairqueue batch 50 / loop batch 50"),
         (FQ100, LOOP100, 0.6, "fairqueue batch 100 / loop batch 100"),
+        (FQ10, FLOOR10, 0.6, "fairqueue batch 10 / fair SQL floor batch 10"),
+        (FQ50, FLOOR50, 0.6, "fairqueue batch 50 / fair SQL floor batch 50"),
+        (FQ100, FLOOR100, 0.6, "fairqueue batch 100 / fair SQL floor batch 100"),
     ]:
         a, b = med.get(fq), med.get(other)
         ratio = a / b if a and b else None
@@ -272,8 +293,16 @@ def report(run: Run, args: Any, results: dict[str, Any], backlogs: dict[str, Any
     for name, b in backlogs.items():
         table.append(f"| {name} | #{b['position']:,} of {b['of']:,} | {b['wait_ms']:,} ms |")
     run.finish(
-        {"jobs": jobs, "rounds": rounds, "bob": bob, "drain": results, "targets": checks, "backlog": backlogs},
-        f"Drain of {jobs:,} no-op jobs, {rounds} round(s), systems alternating",
+        {
+            "jobs": jobs,
+            "channels": args.channels,
+            "rounds": rounds,
+            "bob": bob,
+            "drain": results,
+            "targets": checks,
+            "backlog": backlogs,
+        },
+        f"Drain of {jobs:,} no-op jobs over {args.channels:,} channel(s), {rounds} round(s), systems alternating",
         table,
         [
             "Rates from each system's own records (first job's start to the last job's finish), so process "
@@ -286,10 +315,20 @@ def main() -> None:
     p = parser(__doc__.split("\n\n")[0], peers=True)
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="channels the drained jobs are spread over (default 1); PgQueuer and Procrastinate have none",
+    )
     p.add_argument("--bob", type=int, default=10_000, help="Bob's jobs ahead of Alice's one (default 10,000)")
     args = p.parse_args()
     if args.quick:
         args.jobs, args.rounds, args.bob = 2_000, 1, 1_000
+    if args.channels < 1:
+        p.error("--channels must be at least 1")
+    global CHANNELS
+    CHANNELS = args.channels
     with session("peers", args, peers=True) as run:
         systems = [s for s in SYSTEMS if run.python or not s[1]]
         results: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in systems}

@@ -7,15 +7,22 @@ name: :func:`trace_context` answers None and jobs carry no trace context.
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
-try:  # the otel extra
-    from opentelemetry import propagate as _propagate
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover - depends on the installation
-    _propagate = None
-    _trace = None
+
+def _optional(module: str) -> Any:
+    """The module if installed (the otel extra; FastAPI installs opentelemetry-api too), else None.
+    Typed Any so the check passes whether or not it is installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # pragma: no cover - depends on the installation
+        return None
+
+
+_propagate = _optional("opentelemetry.propagate")
+_trace = _optional("opentelemetry.trace")
 
 MAX_TRACE_CONTEXT_CHARS = 4096  # a traceparent is 55 characters; a tracestate at most 512 per the W3C spec
 

@@ -3,6 +3,7 @@ request?
 
     python -m benchmarks.enqueue_latency [--samples 2000] [--rate 200] [--backlog 5000] [--processes 2]
                                          [--concurrency 10] [--no-peers] [--quick] [--no-doc]
+    python -m benchmarks.enqueue_latency --async [--samples 2000] [--rate 200] [--rounds 5] [--quick]
 
 One connection opens a transaction (a first statement, as the application's own work would), then
 times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMIT; --samples times,
@@ -15,25 +16,39 @@ times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMI
 The floor is the hand-written loop's plain INSERT into its one table (with and without its workers
 draining); PgQueuer 1.6's Queries.enqueue (asyncpg) is timed the same way with no worker running.
 Reported: p50 / p95 / p99 in ms (client-side clock). Target: the call's p95 under 1 ms.
+
+``--async``: the async API against the sync one instead, into 1 busy channel, no workers. The same
+timing (a first statement opens the transaction; the call; the call + COMMIT) for
+``fairqueue.enqueue`` on a psycopg Connection and a SQLAlchemy Session, and ``await
+fairqueue.aenqueue`` on a psycopg AsyncConnection and SQLAlchemy AsyncSessions (psycopg and asyncpg
+drivers). The callers alternate: --rounds rounds, each caller timing --samples/--rounds enqueues per
+round, in an order that rotates from round to round. Reported per caller: p50 / p95 / p99, and for
+each async caller the ratio of its call p95 to its sync counterpart's. Target: ratio <= 1.2.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing as mp
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 import fairqueue
-from benchmarks._common import Run, parser, percentiles, scalar, session, target_cell, worker_options
+from benchmarks._common import Run, parser, percentiles, scalar, session, target_cell, verdict, worker_options
 from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
 from benchmarks.peer_workers import pace
+from fairqueue.urls import to_sqlalchemy
 
 TARGET_MS = 1.0
+ASYNC_TARGET_RATIO = 1.2  # an async caller's call p95 / its sync counterpart's
 
 Enqueue = Callable[[psycopg.Connection[Any], str], object]
 
@@ -152,15 +167,200 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
     return lines
 
 
+# -- --async: the async API beside the sync one -----------------------------------------------------
+
+#: (caller, its sync counterpart or None for a sync caller)
+CALLERS: list[tuple[str, str | None]] = [
+    ("psycopg Connection", None),
+    ("psycopg AsyncConnection", "psycopg Connection"),
+    ("SQLAlchemy Session (psycopg)", None),
+    ("SQLAlchemy AsyncSession (psycopg)", "SQLAlchemy Session (psycopg)"),
+    ("SQLAlchemy AsyncSession (asyncpg)", "SQLAlchemy Session (psycopg)"),
+]
+
+
+async def _time_async(
+    begin: Callable[[], Awaitable[object]],
+    enqueue: Callable[[], Awaitable[object]],
+    commit: Callable[[], Awaitable[object]],
+    n: int,
+    rate: float,
+    times: tuple[list[float], list[float]],
+) -> None:
+    """n enqueues on an absolute schedule (enqueue i due at start + i / rate), as pace.paced does."""
+    start = time.perf_counter() + 0.05
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await begin()  # the transaction is open, as after the application's own statements
+        t0 = time.perf_counter()
+        await enqueue()
+        t1 = time.perf_counter()
+        await commit()
+        t2 = time.perf_counter()
+        times[0].append((t1 - t0) * 1000)
+        times[1].append((t2 - t0) * 1000)
+
+
+def _time_sync(
+    begin: Callable[[], object],
+    enqueue: Callable[[], object],
+    commit: Callable[[], object],
+    n: int,
+    rate: float,
+    times: tuple[list[float], list[float]],
+) -> None:
+    def once(i: int) -> None:
+        begin()
+        t0 = time.perf_counter()
+        enqueue()
+        t1 = time.perf_counter()
+        commit()
+        t2 = time.perf_counter()
+        times[0].append((t1 - t0) * 1000)
+        times[1].append((t2 - t0) * 1000)
+
+    pace.paced(once, rate, n / rate + 1, time.time() + 0.05, count=n)
+
+
+def _time_caller(caller: str, url: str, n: int, rate: float, times: tuple[list[float], list[float]]) -> None:
+    """Times ``n`` enqueues of ``caller`` (one of CALLERS) into the channel "busy", on a fresh connection."""
+    select = sa.text("SELECT 1")
+    if caller == "psycopg Connection":
+        with psycopg.connect(url) as conn:
+            _time_sync(
+                lambda: conn.execute("SELECT 1"),
+                lambda: fairqueue.enqueue(conn, "bench.noop", channel="busy"),
+                conn.commit,
+                n,
+                rate,
+                times,
+            )
+    elif caller == "SQLAlchemy Session (psycopg)":
+        engine = sa.create_engine(to_sqlalchemy(url))
+        with Session(engine) as session:
+            _time_sync(
+                lambda: session.execute(select),
+                lambda: fairqueue.enqueue(session, "bench.noop", channel="busy"),
+                session.commit,
+                n,
+                rate,
+                times,
+            )
+        engine.dispose()
+    elif caller == "psycopg AsyncConnection":
+
+        async def on_psycopg() -> None:
+            async with await psycopg.AsyncConnection.connect(url) as conn:
+                await _time_async(
+                    lambda: conn.execute("SELECT 1"),
+                    lambda: fairqueue.aenqueue(conn, "bench.noop", channel="busy"),
+                    conn.commit,
+                    n,
+                    rate,
+                    times,
+                )
+
+        asyncio.run(on_psycopg())
+    else:
+        driver = "asyncpg" if "asyncpg" in caller else "psycopg"
+
+        async def on_sqlalchemy() -> None:
+            engine = create_async_engine(to_sqlalchemy(url).replace("+psycopg", f"+{driver}", 1))
+            async with AsyncSession(engine) as session:
+                await _time_async(
+                    lambda: session.execute(select),
+                    lambda: fairqueue.aenqueue(session, "bench.noop", channel="busy"),
+                    session.commit,
+                    n,
+                    rate,
+                    times,
+                )
+            await engine.dispose()
+
+        asyncio.run(on_sqlalchemy())
+
+
+def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
+    url = run.database("fq_enqueue_async")
+    Fairqueue(1, 1).setup(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        _fill(Fairqueue(1, 1), conn, ["busy"], args.backlog)
+        conn.execute("VACUUM ANALYZE")
+    times: dict[str, tuple[list[float], list[float]]] = {caller: ([], []) for caller, _ in CALLERS}
+    per_round = max(1, args.samples // args.rounds)
+    for n in range(args.rounds):
+        order = CALLERS[n % len(CALLERS) :] + CALLERS[: n % len(CALLERS)]
+        for caller, _ in order:
+            _time_caller(caller, url, per_round, args.rate, times[caller])
+        print(f"round {n + 1}/{args.rounds} done", flush=True)
+    results: list[dict[str, Any]] = []
+    for caller, counterpart in CALLERS:
+        call, call_commit = times[caller]
+        results.append(
+            {
+                "caller": caller,
+                "api": "sync" if counterpart is None else "async",
+                "counterpart": counterpart,
+                "call_ms": percentiles(call),
+                "call_commit_ms": percentiles(call_commit),
+                "samples": len(call),
+            }
+        )
+    p95 = {r["caller"]: r["call_ms"]["p95"] for r in results}
+    for r in results:
+        if r["counterpart"] is not None:
+            r["p95_ratio"] = p95[r["caller"]] / p95[r["counterpart"]]
+            r["target_met"] = r["p95_ratio"] <= ASYNC_TARGET_RATIO
+    return results
+
+
+def async_table(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| API | caller | call p50 / p95 / p99 | call + commit p50 / p95 / p99 | call p95 vs sync | "
+        f"target: <= {ASYNC_TARGET_RATIO:g}x |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        ratio = f"{r['p95_ratio']:.2f}x ({r['counterpart']})" if "p95_ratio" in r else "-"
+        met = verdict(r["target_met"]) if "target_met" in r else "reference"
+        lines.append(
+            f"| {'fairqueue.enqueue' if r['api'] == 'sync' else 'await fairqueue.aenqueue'} | {r['caller']} | "
+            f"{_cell(r['call_ms'])} | {_cell(r['call_commit_ms'])} | {ratio} | {met} |"
+        )
+    return lines
+
+
 def main() -> None:
     p = parser(__doc__, peers=True)
     p.add_argument("--samples", type=int, help="enqueues timed per case (default 2,000; --quick 200)")
     p.add_argument("--rate", type=float, default=200, help="enqueues a second (default 200)")
     p.add_argument("--backlog", type=int, help="jobs kept queued (default 5,000; --quick 1,000)")
+    p.add_argument(
+        "--async", dest="async_api", action="store_true", help="the async API against the sync one (see above)"
+    )
+    p.add_argument("--rounds", type=int, help="--async: rounds the callers alternate in (default 5; --quick 2)")
     worker_options(p, concurrency=10)
     args = p.parse_args()
     args.samples = args.samples or (200 if args.quick else 2_000)
     args.backlog = args.backlog or (1_000 if args.quick else 5_000)
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    if args.async_api:
+        with session("enqueue_latency_async", args, module="enqueue_latency") as run:
+            compared = run_async_comparison(run, args)
+            run.finish(
+                compared,
+                f"Async enqueue against sync inside a transaction ({compared[0]['samples']:,} enqueues per caller "
+                f"in {args.rounds} alternating rounds, {args.rate:g}/s, 1 busy channel, no workers)",
+                async_table(compared),
+                [
+                    "Each caller times enqueues into one channel holding the backlog, on its own connection, "
+                    "in turn; the order rotates each round. The async calls run on an asyncio event loop "
+                    "(asyncio.run), one enqueue at a time, like the sync ones."
+                ],
+            )
+        return
     fq, loop = Fairqueue(args.processes, args.concurrency), Loop(args.processes)
     cases: list[tuple[System, Enqueue, int, bool]] = [
         (loop, _loop_insert, 1, False),

@@ -293,7 +293,17 @@ async def async_executor_for(db: object, api: str = "") -> AsyncExecutor:
             f"fairqueue needs PostgreSQL through psycopg 3 or asyncpg (a postgresql+psycopg:// or "
             f"postgresql+asyncpg:// URL); this connection uses {dialect.name}+{dialect.driver}"
         )
-    return _AsyncSQLAlchemyExecutor(conn, numbered=dialect.driver == "asyncpg")
+    if dialect.driver == "asyncpg":
+        return _AsyncSQLAlchemyExecutor(conn, numbered=True)
+    # psycopg: once SQLAlchemy's transaction has begun (its BEGIN is psycopg's implicit one, and its
+    # COMMIT/ROLLBACK go to the same connection), statements go straight to psycopg's AsyncConnection:
+    # the round trips through SQLAlchemy's greenlet adapter cost more than the enqueue itself.
+    if not conn.in_transaction():
+        await conn.begin()  # what exec_driver_sql's autobegin would do
+    raw = conn.sync_connection.connection.driver_connection if conn.sync_connection is not None else None
+    if not isinstance(raw, psycopg.AsyncConnection):
+        return _AsyncSQLAlchemyExecutor(conn, numbered=False)
+    return _AsyncPsycopgExecutor(raw)
 
 
 async def async_driver_connection(db: object, api: str = "") -> psycopg.AsyncConnection[Any] | None:
@@ -301,10 +311,5 @@ async def async_driver_connection(db: object, api: str = "") -> psycopg.AsyncCon
     caller has one (a SQLAlchemy AsyncSession/AsyncConnection); None if the driver is asyncpg."""
     if isinstance(db, psycopg.AsyncConnection):
         return db
-    ex = await async_executor_for(db, api)
-    if isinstance(ex, _AsyncPsycopgExecutor):
-        return ex.conn
-    assert isinstance(ex, _AsyncSQLAlchemyExecutor)
-    await ex.rows("SELECT 1")  # joins (or begins) the caller's transaction through the caller's own object
-    raw = (await ex.conn.get_raw_connection()).driver_connection
-    return raw if isinstance(raw, psycopg.AsyncConnection) else None
+    ex = await async_executor_for(db, api)  # joins (or begins) the caller's transaction
+    return ex.conn if isinstance(ex, _AsyncPsycopgExecutor) else None

@@ -3,7 +3,7 @@ request?
 
     python -m benchmarks.enqueue_latency [--samples 2000] [--rate 200] [--backlog 5000] [--processes 2]
                                          [--concurrency 10] [--no-peers] [--quick] [--no-doc]
-    python -m benchmarks.enqueue_latency --async [--samples 2000] [--rate 200] [--rounds 5] [--quick]
+    python -m benchmarks.enqueue_latency --async [--samples 2000] [--rate 100] [--backlog 5000] [--quick]
 
 One connection opens a transaction (a first statement, as the application's own work would), then
 times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMIT; --samples times,
@@ -21,17 +21,21 @@ Reported: p50 / p95 / p99 in ms (client-side clock). Target: the call's p95 unde
 timing (a first statement opens the transaction; the call; the call + COMMIT) for
 ``fairqueue.enqueue`` on a psycopg Connection and a SQLAlchemy Session, and ``await
 fairqueue.aenqueue`` on a psycopg AsyncConnection and SQLAlchemy AsyncSessions (psycopg and asyncpg
-drivers). The callers alternate: --rounds rounds, each caller timing --samples/--rounds enqueues per
-round, in an order that rotates from round to round. Reported per caller: p50 / p95 / p99, and for
-each async caller the ratio of its call p95 to its sync counterpart's. Target: ratio <= 1.2.
+drivers), each on a connection of its own held for the whole run. The callers alternate enqueue by
+enqueue: cycle i (--rate cycles a second, --samples cycles) has every caller enqueue once, in an
+order rotated by i, so load elsewhere on the machine falls on all of them alike. Reported per caller:
+p50 / p95 / p99, the call's mean CPU time in this process, and for each async caller the ratio of
+its call p95 to its sync counterpart's. Target: ratio <= 1.2.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import random
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -179,133 +183,150 @@ CALLERS: list[tuple[str, str | None]] = [
 ]
 
 
-async def _time_async(
+class _Timings:
+    """One caller's samples: the call, the call + COMMIT (ms, wall clock) and the call's CPU time
+    (us, this process: the event loop runs in this thread, so an async call's share of it counts)."""
+
+    def __init__(self) -> None:
+        self.call: list[float] = []
+        self.call_commit: list[float] = []
+        self.cpu: list[float] = []
+
+    def clear(self) -> None:
+        for samples in (self.call, self.call_commit, self.cpu):
+            samples.clear()
+
+    def add(self, t0: float, t1: float, t2: float, c0: float, c1: float) -> None:
+        self.call.append((t1 - t0) * 1000)
+        self.call_commit.append((t2 - t0) * 1000)
+        self.cpu.append((c1 - c0) * 1e6)
+
+
+def _sync_once(
+    begin: Callable[[], object], enqueue: Callable[[], object], commit: Callable[[], object], out: _Timings
+) -> Callable[[], None]:
+    def once() -> None:
+        begin()  # the transaction is open, as after the application's own statements
+        c0, t0 = time.process_time(), time.perf_counter()
+        enqueue()
+        t1, c1 = time.perf_counter(), time.process_time()
+        commit()
+        out.add(t0, t1, time.perf_counter(), c0, c1)
+
+    return once
+
+
+def _async_once(
     begin: Callable[[], Awaitable[object]],
     enqueue: Callable[[], Awaitable[object]],
     commit: Callable[[], Awaitable[object]],
-    n: int,
-    rate: float,
-    times: tuple[list[float], list[float]],
-) -> None:
-    """n enqueues on an absolute schedule (enqueue i due at start + i / rate), as pace.paced does."""
-    start = time.perf_counter() + 0.05
-    for i in range(n):
-        delay = start + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await begin()  # the transaction is open, as after the application's own statements
-        t0 = time.perf_counter()
+    out: _Timings,
+) -> Callable[[], Awaitable[None]]:
+    async def once() -> None:
+        await begin()
+        c0, t0 = time.process_time(), time.perf_counter()
         await enqueue()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         await commit()
-        t2 = time.perf_counter()
-        times[0].append((t1 - t0) * 1000)
-        times[1].append((t2 - t0) * 1000)
+        out.add(t0, t1, time.perf_counter(), c0, c1)
+
+    return once
 
 
-def _time_sync(
-    begin: Callable[[], object],
-    enqueue: Callable[[], object],
-    commit: Callable[[], object],
-    n: int,
-    rate: float,
-    times: tuple[list[float], list[float]],
-) -> None:
-    def once(i: int) -> None:
-        begin()
-        t0 = time.perf_counter()
-        enqueue()
-        t1 = time.perf_counter()
-        commit()
-        t2 = time.perf_counter()
-        times[0].append((t1 - t0) * 1000)
-        times[1].append((t2 - t0) * 1000)
-
-    pace.paced(once, rate, n / rate + 1, time.time() + 0.05, count=n)
-
-
-def _time_caller(caller: str, url: str, n: int, rate: float, times: tuple[list[float], list[float]]) -> None:
-    """Times ``n`` enqueues of ``caller`` (one of CALLERS) into the channel "busy", on a fresh connection."""
+async def _open_callers(
+    url: str, stack: contextlib.AsyncExitStack, timings: dict[str, _Timings]
+) -> dict[str, Callable[[], object]]:
+    """Each caller's connection or session, open for the whole run, and its timed enqueue: a plain
+    function for a sync caller, a coroutine function for an async one."""
     select = sa.text("SELECT 1")
-    if caller == "psycopg Connection":
-        with psycopg.connect(url) as conn:
-            _time_sync(
-                lambda: conn.execute("SELECT 1"),
-                lambda: fairqueue.enqueue(conn, "bench.noop", channel="busy"),
-                conn.commit,
-                n,
-                rate,
-                times,
-            )
-    elif caller == "SQLAlchemy Session (psycopg)":
-        engine = sa.create_engine(to_sqlalchemy(url))
-        with Session(engine) as session:
-            _time_sync(
-                lambda: session.execute(select),
-                lambda: fairqueue.enqueue(session, "bench.noop", channel="busy"),
+    sync_conn = stack.enter_context(psycopg.connect(url))
+    engine = sa.create_engine(to_sqlalchemy(url))
+    stack.callback(engine.dispose)
+    sync_session = stack.enter_context(Session(engine))
+    async_conn = await stack.enter_async_context(await psycopg.AsyncConnection.connect(url))
+    sessions: dict[str, AsyncSession] = {}
+    for driver in ("psycopg", "asyncpg"):
+        async_engine = create_async_engine(to_sqlalchemy(url).replace("+psycopg", f"+{driver}", 1))
+        stack.push_async_callback(async_engine.dispose)
+        sessions[driver] = await stack.enter_async_context(AsyncSession(async_engine))
+
+    def noop(db: Any) -> Callable[[], Any]:
+        return lambda: fairqueue.enqueue(db, "bench.noop", channel="busy")
+
+    def anoop(db: Any) -> Callable[[], Awaitable[int]]:
+        return lambda: fairqueue.aenqueue(db, "bench.noop", channel="busy")
+
+    return {
+        "psycopg Connection": _sync_once(
+            lambda: sync_conn.execute("SELECT 1"), noop(sync_conn), sync_conn.commit, timings["psycopg Connection"]
+        ),
+        "SQLAlchemy Session (psycopg)": _sync_once(
+            lambda: sync_session.execute(select),
+            noop(sync_session),
+            sync_session.commit,
+            timings["SQLAlchemy Session (psycopg)"],
+        ),
+        "psycopg AsyncConnection": _async_once(
+            lambda: async_conn.execute("SELECT 1"),
+            anoop(async_conn),
+            async_conn.commit,
+            timings["psycopg AsyncConnection"],
+        ),
+        **{
+            f"SQLAlchemy AsyncSession ({driver})": _async_once(
+                (lambda s: lambda: s.execute(select))(session),
+                anoop(session),
                 session.commit,
-                n,
-                rate,
-                times,
+                timings[f"SQLAlchemy AsyncSession ({driver})"],
             )
-        engine.dispose()
-    elif caller == "psycopg AsyncConnection":
-
-        async def on_psycopg() -> None:
-            async with await psycopg.AsyncConnection.connect(url) as conn:
-                await _time_async(
-                    lambda: conn.execute("SELECT 1"),
-                    lambda: fairqueue.aenqueue(conn, "bench.noop", channel="busy"),
-                    conn.commit,
-                    n,
-                    rate,
-                    times,
-                )
-
-        asyncio.run(on_psycopg())
-    else:
-        driver = "asyncpg" if "asyncpg" in caller else "psycopg"
-
-        async def on_sqlalchemy() -> None:
-            engine = create_async_engine(to_sqlalchemy(url).replace("+psycopg", f"+{driver}", 1))
-            async with AsyncSession(engine) as session:
-                await _time_async(
-                    lambda: session.execute(select),
-                    lambda: fairqueue.aenqueue(session, "bench.noop", channel="busy"),
-                    session.commit,
-                    n,
-                    rate,
-                    times,
-                )
-            await engine.dispose()
-
-        asyncio.run(on_sqlalchemy())
+            for driver, session in sessions.items()
+        },
+    }
 
 
 def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
+    """Every caller keeps its connection open; they take turns enqueue by enqueue (the order
+    rotating each cycle), so a burst of load elsewhere on the machine hits them all alike."""
     url = run.database("fq_enqueue_async")
     Fairqueue(1, 1).setup(url)
     with psycopg.connect(url, autocommit=True) as conn:
         _fill(Fairqueue(1, 1), conn, ["busy"], args.backlog)
         conn.execute("VACUUM ANALYZE")
-    times: dict[str, tuple[list[float], list[float]]] = {caller: ([], []) for caller, _ in CALLERS}
-    per_round = max(1, args.samples // args.rounds)
-    for n in range(args.rounds):
-        order = CALLERS[n % len(CALLERS) :] + CALLERS[: n % len(CALLERS)]
-        for caller, _ in order:
-            _time_caller(caller, url, per_round, args.rate, times[caller])
-        print(f"round {n + 1}/{args.rounds} done", flush=True)
+    timings = {caller: _Timings() for caller, _ in CALLERS}
+    loop = asyncio.new_event_loop()
+    stack = contextlib.AsyncExitStack()
+    try:
+        callers = loop.run_until_complete(_open_callers(url, stack, timings))
+        order = [callers[name] for name, _ in CALLERS]
+        for once in order:  # a first enqueue each (connection set-up, statement caches): not timed
+            result = once()
+            if asyncio.iscoroutine(result):
+                loop.run_until_complete(result)
+        for t in timings.values():
+            t.clear()
+
+        def cycle(i: int) -> None:
+            for once in order[i % len(order) :] + order[: i % len(order)]:
+                result = once()
+                if asyncio.iscoroutine(result):
+                    loop.run_until_complete(result)
+
+        pace.paced(cycle, args.rate, args.samples / args.rate + 3600, time.time() + 0.1, count=args.samples)
+    finally:
+        loop.run_until_complete(stack.aclose())
+        loop.close()
     results: list[dict[str, Any]] = []
     for caller, counterpart in CALLERS:
-        call, call_commit = times[caller]
+        t = timings[caller]
         results.append(
             {
                 "caller": caller,
                 "api": "sync" if counterpart is None else "async",
                 "counterpart": counterpart,
-                "call_ms": percentiles(call),
-                "call_commit_ms": percentiles(call_commit),
-                "samples": len(call),
+                "call_ms": percentiles(t.call),
+                "call_commit_ms": percentiles(t.call_commit),
+                "cpu_us_mean": statistics.fmean(t.cpu),
+                "samples": len(t.call),
             }
         )
     p95 = {r["caller"]: r["call_ms"]["p95"] for r in results}
@@ -318,16 +339,16 @@ def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
 
 def async_table(results: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| API | caller | call p50 / p95 / p99 | call + commit p50 / p95 / p99 | call p95 vs sync | "
-        f"target: <= {ASYNC_TARGET_RATIO:g}x |",
-        "|---|---|---|---|---|---|",
+        "| API | caller | call p50 / p95 / p99 | call CPU (mean) | call + commit p50 / p95 / p99 | "
+        f"call p95 vs sync | target: <= {ASYNC_TARGET_RATIO:g}x |",
+        "|---|---|---|---:|---|---|---|",
     ]
     for r in results:
         ratio = f"{r['p95_ratio']:.2f}x ({r['counterpart']})" if "p95_ratio" in r else "-"
         met = verdict(r["target_met"]) if "target_met" in r else "reference"
         lines.append(
             f"| {'fairqueue.enqueue' if r['api'] == 'sync' else 'await fairqueue.aenqueue'} | {r['caller']} | "
-            f"{_cell(r['call_ms'])} | {_cell(r['call_commit_ms'])} | {ratio} | {met} |"
+            f"{_cell(r['call_ms'])} | {r['cpu_us_mean']:.0f} us | {_cell(r['call_commit_ms'])} | {ratio} | {met} |"
         )
     return lines
 
@@ -335,29 +356,29 @@ def async_table(results: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     p = parser(__doc__, peers=True)
     p.add_argument("--samples", type=int, help="enqueues timed per case (default 2,000; --quick 200)")
-    p.add_argument("--rate", type=float, default=200, help="enqueues a second (default 200)")
+    p.add_argument("--rate", type=float, help="enqueues a second (default 200; --async: cycles a second, default 100)")
     p.add_argument("--backlog", type=int, help="jobs kept queued (default 5,000; --quick 1,000)")
     p.add_argument(
         "--async", dest="async_api", action="store_true", help="the async API against the sync one (see above)"
     )
-    p.add_argument("--rounds", type=int, help="--async: rounds the callers alternate in (default 5; --quick 2)")
     worker_options(p, concurrency=10)
     args = p.parse_args()
     args.samples = args.samples or (200 if args.quick else 2_000)
     args.backlog = args.backlog or (1_000 if args.quick else 5_000)
-    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.rate = args.rate or (100 if args.async_api else 200)
     if args.async_api:
         with session("enqueue_latency_async", args, module="enqueue_latency") as run:
             compared = run_async_comparison(run, args)
             run.finish(
                 compared,
-                f"Async enqueue against sync inside a transaction ({compared[0]['samples']:,} enqueues per caller "
-                f"in {args.rounds} alternating rounds, {args.rate:g}/s, 1 busy channel, no workers)",
+                f"Async enqueue against sync inside a transaction ({compared[0]['samples']:,} enqueues per caller, "
+                f"callers taking turns, {args.rate:g} turns/s, 1 busy channel, no workers)",
                 async_table(compared),
                 [
-                    "Each caller times enqueues into one channel holding the backlog, on its own connection, "
-                    "in turn; the order rotates each round. The async calls run on an asyncio event loop "
-                    "(asyncio.run), one enqueue at a time, like the sync ones."
+                    f"Every caller enqueues into one channel holding {args.backlog:,} jobs, on a connection of its "
+                    "own; they take turns enqueue by enqueue, the order rotating each turn. The async calls run "
+                    "one at a time on an asyncio event loop in the same thread. Call CPU: the process's CPU "
+                    "time during the call, mean."
                 ],
             )
         return

@@ -48,12 +48,13 @@ def test_claim_latency_reports_the_ratios_against_the_target(server_url: str, tm
 def test_async_enqueue_latency_compares_every_async_caller_with_its_sync_counterpart(
     server_url: str, tmp_path: Path
 ) -> None:
-    args = ["--async", "--samples", "20", "--rounds", "2", "--rate", "500", "--backlog", "100"]
+    args = ["--async", "--samples", "20", "--rate", "500", "--backlog", "100"]
     data = _bench("enqueue_latency", server_url, tmp_path, *args, workload="enqueue_latency_async")
     results = {r["caller"]: r for r in data["results"]}
     assert results["psycopg AsyncConnection"]["counterpart"] == "psycopg Connection"
     assert all(r["samples"] == 20 for r in results.values())
     assert all("p95_ratio" in r and "target_met" in r for r in results.values() if r["api"] == "async")
+    assert all(r["cpu_us_mean"] > 0 for r in results.values())
 
 
 def test_steady_runs_fairqueue_and_the_loop(server_url: str, tmp_path: Path) -> None:

@@ -226,3 +226,28 @@ def test_an_async_object_given_to_the_sync_api_names_the_async_function(connect:
         await engine.dispose()
 
     asyncio.run(main())
+
+
+class AppAsyncSession(AsyncSession):
+    """An application's own session class (as async_sessionmaker(class_=...) makes)."""
+
+
+class AppSession(Session):
+    pass
+
+
+def test_an_applications_own_session_classes_are_recognised(
+    connect: Connections, engine: sa.Engine, observer: psycopg.Connection[Any]
+) -> None:
+    async def body(async_engine: AsyncEngine) -> None:
+        async with AppAsyncSession(async_engine) as session, session.begin():
+            await fairqueue.aenqueue(session, "k", channel="async")
+            with pytest.raises(fairqueue.UnsupportedConnectionError, match=r"use fairqueue\.aenqueue"):
+                fairqueue.enqueue(session, "k")
+
+    _with_engine(connect.url, "asyncpg", body)
+    with AppSession(engine) as session:
+        fairqueue.enqueue(session, "k", channel="sync")
+        session.commit()
+    rows = observer.execute("SELECT channel FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [("async",), ("sync",)]

@@ -251,3 +251,22 @@ def test_an_applications_own_session_classes_are_recognised(
         session.commit()
     rows = observer.execute("SELECT channel FROM fairqueue.job ORDER BY id").fetchall()
     assert rows == [("async",), ("sync",)]
+
+
+def test_async_bulk_enqueue_sends_many_chunks_in_one_savepoint(
+    connect: Connections, observer: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fairqueue.bulk, "CHUNK", 3)
+    jobs = [{"kind": "k", "args": {"i": i}, "channel": f"c{i % 2}"} for i in range(10)]
+
+    async def main(end: str) -> fairqueue.BatchResult:
+        async with await psycopg.AsyncConnection.connect(connect.url) as conn:
+            result = await fairqueue.abulk_enqueue(conn, jobs)
+            await getattr(conn, end)()
+        return result
+
+    assert asyncio.run(main("rollback")) == fairqueue.BatchResult(10, 10)
+    assert count(observer, "job") == 0
+    assert asyncio.run(main("commit")) == fairqueue.BatchResult(10, 10)
+    rows = observer.execute("SELECT (args->>'i')::int FROM fairqueue.job ORDER BY id").fetchall()
+    assert [i for (i,) in rows] == list(range(10))

@@ -67,9 +67,9 @@ class Page:
 
 PAGES: dict[str, Page] = {
     "README.md": Page(
-        prelude="from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine\n",
         after="""
 import asyncio
+from sqlalchemy.ext.asyncio import create_async_engine
 
 
 async def _checkout_on(driver):  # the async block's function, called as the reader's app would

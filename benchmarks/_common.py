@@ -296,8 +296,11 @@ def append_doc(section: str) -> None:
 
 
 @contextlib.contextmanager
-def session(workload: str, args: argparse.Namespace, *, peers: bool = False) -> Iterator[Run]:
-    """Starts the database (and the peers' virtualenv when ``peers`` and not --no-peers) for a run."""
+def session(
+    workload: str, args: argparse.Namespace, *, peers: bool = False, module: str | None = None
+) -> Iterator[Run]:
+    """Starts the database (and the peers' virtualenv when ``peers`` and not --no-peers) for a run.
+    ``module``: the benchmark module, when the workload is named otherwise (one mode of a module)."""
     python = bench_python() if peers and not getattr(args, "no_peers", False) else None
     with database(args.database_url) as url:
-        yield Run(workload, args, url, python, command(f"benchmarks.{workload}", sys.argv[1:]))
+        yield Run(workload, args, url, python, command(f"benchmarks.{module or workload}", sys.argv[1:]))

@@ -3,6 +3,7 @@ request?
 
     python -m benchmarks.enqueue_latency [--samples 2000] [--rate 200] [--backlog 5000] [--processes 2]
                                          [--concurrency 10] [--no-peers] [--quick] [--no-doc]
+    python -m benchmarks.enqueue_latency --async [--samples 2000] [--rate 100] [--backlog 5000] [--quick]
 
 One connection opens a transaction (a first statement, as the application's own work would), then
 times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMIT; --samples times,
@@ -15,25 +16,43 @@ times fairqueue.enqueue(conn, ...) in it (the call), and the call plus its COMMI
 The floor is the hand-written loop's plain INSERT into its one table (with and without its workers
 draining); PgQueuer 1.6's Queries.enqueue (asyncpg) is timed the same way with no worker running.
 Reported: p50 / p95 / p99 in ms (client-side clock). Target: the call's p95 under 1 ms.
+
+``--async``: the async API against the sync one instead, into 1 busy channel, no workers. The same
+timing (a first statement opens the transaction; the call; the call + COMMIT) for
+``fairqueue.enqueue`` on a psycopg Connection and a SQLAlchemy Session, and ``await
+fairqueue.aenqueue`` on a psycopg AsyncConnection and SQLAlchemy AsyncSessions (psycopg and asyncpg
+drivers), each on a connection of its own held for the whole run. The callers alternate enqueue by
+enqueue: cycle i (--rate cycles a second, --samples cycles) has every caller enqueue once, in an
+order rotated by i, so load elsewhere on the machine falls on all of them alike. Reported per caller:
+p50 / p95 / p99, the call's mean CPU time in this process, and for each async caller the ratio of
+its call p95 to its sync counterpart's. Target: ratio <= 1.2.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import random
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
 
 import fairqueue
-from benchmarks._common import Run, parser, percentiles, scalar, session, target_cell, worker_options
+from benchmarks._common import Run, parser, percentiles, scalar, session, target_cell, verdict, worker_options
 from benchmarks._systems import Fairqueue, Loop, PgQueuer, System
 from benchmarks.peer_workers import pace
+from fairqueue.urls import to_sqlalchemy
 
 TARGET_MS = 1.0
+ASYNC_TARGET_RATIO = 1.2  # an async caller's call p95 / its sync counterpart's
 
 Enqueue = Callable[[psycopg.Connection[Any], str], object]
 
@@ -152,15 +171,217 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
     return lines
 
 
+# -- --async: the async API beside the sync one -----------------------------------------------------
+
+#: (caller, its sync counterpart or None for a sync caller)
+CALLERS: list[tuple[str, str | None]] = [
+    ("psycopg Connection", None),
+    ("psycopg AsyncConnection", "psycopg Connection"),
+    ("SQLAlchemy Session (psycopg)", None),
+    ("SQLAlchemy AsyncSession (psycopg)", "SQLAlchemy Session (psycopg)"),
+    ("SQLAlchemy AsyncSession (asyncpg)", "SQLAlchemy Session (psycopg)"),
+]
+
+
+class _Timings:
+    """One caller's samples: the call, the call + COMMIT (ms, wall clock) and the call's CPU time
+    (us, this process: the event loop runs in this thread, so an async call's share of it counts)."""
+
+    def __init__(self) -> None:
+        self.call: list[float] = []
+        self.call_commit: list[float] = []
+        self.cpu: list[float] = []
+
+    def clear(self) -> None:
+        for samples in (self.call, self.call_commit, self.cpu):
+            samples.clear()
+
+    def add(self, t0: float, t1: float, t2: float, c0: float, c1: float) -> None:
+        self.call.append((t1 - t0) * 1000)
+        self.call_commit.append((t2 - t0) * 1000)
+        self.cpu.append((c1 - c0) * 1e6)
+
+
+def _sync_once(
+    begin: Callable[[], object], enqueue: Callable[[], object], commit: Callable[[], object], out: _Timings
+) -> Callable[[], None]:
+    def once() -> None:
+        begin()  # the transaction is open, as after the application's own statements
+        c0, t0 = time.process_time(), time.perf_counter()
+        enqueue()
+        t1, c1 = time.perf_counter(), time.process_time()
+        commit()
+        out.add(t0, t1, time.perf_counter(), c0, c1)
+
+    return once
+
+
+def _async_once(
+    begin: Callable[[], Awaitable[object]],
+    enqueue: Callable[[], Awaitable[object]],
+    commit: Callable[[], Awaitable[object]],
+    out: _Timings,
+) -> Callable[[], Awaitable[None]]:
+    async def once() -> None:
+        await begin()
+        c0, t0 = time.process_time(), time.perf_counter()
+        await enqueue()
+        t1, c1 = time.perf_counter(), time.process_time()
+        await commit()
+        out.add(t0, t1, time.perf_counter(), c0, c1)
+
+    return once
+
+
+async def _open_callers(
+    url: str, stack: contextlib.AsyncExitStack, timings: dict[str, _Timings]
+) -> dict[str, Callable[[], object]]:
+    """Each caller's connection or session, open for the whole run, and its timed enqueue: a plain
+    function for a sync caller, a coroutine function for an async one."""
+    select = sa.text("SELECT 1")
+    sync_conn = stack.enter_context(psycopg.connect(url))
+    engine = sa.create_engine(to_sqlalchemy(url))
+    stack.callback(engine.dispose)
+    sync_session = stack.enter_context(Session(engine))
+    async_conn = await stack.enter_async_context(await psycopg.AsyncConnection.connect(url))
+    sessions: dict[str, AsyncSession] = {}
+    for driver in ("psycopg", "asyncpg"):
+        async_engine = create_async_engine(to_sqlalchemy(url).replace("+psycopg", f"+{driver}", 1))
+        stack.push_async_callback(async_engine.dispose)
+        sessions[driver] = await stack.enter_async_context(AsyncSession(async_engine))
+
+    def noop(db: Any) -> Callable[[], Any]:
+        return lambda: fairqueue.enqueue(db, "bench.noop", channel="busy")
+
+    def anoop(db: Any) -> Callable[[], Awaitable[int]]:
+        return lambda: fairqueue.aenqueue(db, "bench.noop", channel="busy")
+
+    return {
+        "psycopg Connection": _sync_once(
+            lambda: sync_conn.execute("SELECT 1"), noop(sync_conn), sync_conn.commit, timings["psycopg Connection"]
+        ),
+        "SQLAlchemy Session (psycopg)": _sync_once(
+            lambda: sync_session.execute(select),
+            noop(sync_session),
+            sync_session.commit,
+            timings["SQLAlchemy Session (psycopg)"],
+        ),
+        "psycopg AsyncConnection": _async_once(
+            lambda: async_conn.execute("SELECT 1"),
+            anoop(async_conn),
+            async_conn.commit,
+            timings["psycopg AsyncConnection"],
+        ),
+        **{
+            f"SQLAlchemy AsyncSession ({driver})": _async_once(
+                (lambda s: lambda: s.execute(select))(session),
+                anoop(session),
+                session.commit,
+                timings[f"SQLAlchemy AsyncSession ({driver})"],
+            )
+            for driver, session in sessions.items()
+        },
+    }
+
+
+def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
+    """Every caller keeps its connection open; they take turns enqueue by enqueue (the order
+    rotating each cycle), so a burst of load elsewhere on the machine hits them all alike."""
+    url = run.database("fq_enqueue_async")
+    Fairqueue(1, 1).setup(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        _fill(Fairqueue(1, 1), conn, ["busy"], args.backlog)
+        conn.execute("VACUUM ANALYZE")
+    timings = {caller: _Timings() for caller, _ in CALLERS}
+    loop = asyncio.new_event_loop()
+    stack = contextlib.AsyncExitStack()
+    try:
+        callers = loop.run_until_complete(_open_callers(url, stack, timings))
+        order = [callers[name] for name, _ in CALLERS]
+        for once in order:  # a first enqueue each (connection set-up, statement caches): not timed
+            result = once()
+            if asyncio.iscoroutine(result):
+                loop.run_until_complete(result)
+        for t in timings.values():
+            t.clear()
+
+        def cycle(i: int) -> None:
+            for once in order[i % len(order) :] + order[: i % len(order)]:
+                result = once()
+                if asyncio.iscoroutine(result):
+                    loop.run_until_complete(result)
+
+        pace.paced(cycle, args.rate, args.samples / args.rate + 3600, time.time() + 0.1, count=args.samples)
+    finally:
+        loop.run_until_complete(stack.aclose())
+        loop.close()
+    results: list[dict[str, Any]] = []
+    for caller, counterpart in CALLERS:
+        t = timings[caller]
+        results.append(
+            {
+                "caller": caller,
+                "api": "sync" if counterpart is None else "async",
+                "counterpart": counterpart,
+                "call_ms": percentiles(t.call),
+                "call_commit_ms": percentiles(t.call_commit),
+                "cpu_us_mean": statistics.fmean(t.cpu),
+                "samples": len(t.call),
+            }
+        )
+    p95 = {r["caller"]: r["call_ms"]["p95"] for r in results}
+    for r in results:
+        if r["counterpart"] is not None:
+            r["p95_ratio"] = p95[r["caller"]] / p95[r["counterpart"]]
+            r["target_met"] = r["p95_ratio"] <= ASYNC_TARGET_RATIO
+    return results
+
+
+def async_table(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| API | caller | call p50 / p95 / p99 | call CPU (mean) | call + commit p50 / p95 / p99 | "
+        f"call p95 vs sync | target: <= {ASYNC_TARGET_RATIO:g}x |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for r in results:
+        ratio = f"{r['p95_ratio']:.2f}x ({r['counterpart']})" if "p95_ratio" in r else "-"
+        met = verdict(r["target_met"]) if "target_met" in r else "reference"
+        lines.append(
+            f"| {'fairqueue.enqueue' if r['api'] == 'sync' else 'await fairqueue.aenqueue'} | {r['caller']} | "
+            f"{_cell(r['call_ms'])} | {r['cpu_us_mean']:.0f} us | {_cell(r['call_commit_ms'])} | {ratio} | {met} |"
+        )
+    return lines
+
+
 def main() -> None:
     p = parser(__doc__, peers=True)
     p.add_argument("--samples", type=int, help="enqueues timed per case (default 2,000; --quick 200)")
-    p.add_argument("--rate", type=float, default=200, help="enqueues a second (default 200)")
+    p.add_argument("--rate", type=float, help="enqueues a second (default 200; --async: cycles a second, default 100)")
     p.add_argument("--backlog", type=int, help="jobs kept queued (default 5,000; --quick 1,000)")
+    p.add_argument(
+        "--async", dest="async_api", action="store_true", help="the async API against the sync one (see above)"
+    )
     worker_options(p, concurrency=10)
     args = p.parse_args()
     args.samples = args.samples or (200 if args.quick else 2_000)
     args.backlog = args.backlog or (1_000 if args.quick else 5_000)
+    args.rate = args.rate or (100 if args.async_api else 200)
+    if args.async_api:
+        with session("enqueue_latency_async", args, module="enqueue_latency") as run:
+            compared = run_async_comparison(run, args)
+            run.finish(
+                compared,
+                f"Async enqueue against sync inside a transaction ({compared[0]['samples']:,} enqueues per caller, "
+                f"callers taking turns, {args.rate:g} turns/s, 1 busy channel, no workers)",
+                async_table(compared),
+                [
+                    f"Every caller enqueues into one channel holding {args.backlog:,} jobs, on a connection of its "
+                    "own; they take turns enqueue by enqueue, the order rotating each turn. The async calls run "
+                    "one at a time on an asyncio event loop in the same thread. Call CPU: the process's CPU "
+                    "time during the call, mean."
+                ],
+            )
+        return
     fq, loop = Fairqueue(args.processes, args.concurrency), Loop(args.processes)
     cases: list[tuple[System, Enqueue, int, bool]] = [
         (loop, _loop_insert, 1, False),

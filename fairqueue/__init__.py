@@ -4,13 +4,15 @@ Enqueue inside your own transaction; workers serve channels (tenants) round-robi
 channel's concurrency cap, rate limit and weight. See README.md and docs/.
 """
 
-from fairqueue.bulk import BatchResult, BulkEnqueueError, bulk_enqueue
-from fairqueue.channels import ChannelSettings, update_channel
+from fairqueue.bulk import BatchResult, BulkEnqueueError, abulk_enqueue, bulk_enqueue
+from fairqueue.channels import ChannelSettings, aupdate_channel, update_channel
 from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
     Finished,
     Outcome,
+    acancel,
+    aretry,
     cancel,
     claim_batch,
     complete,
@@ -33,9 +35,17 @@ from fairqueue.errors import (
     UnknownWorkerError,
     UnsupportedConnectionError,
 )
-from fairqueue.inspection import ChannelInfo, JobInfo, get_job, list_channels
+from fairqueue.inspection import ChannelInfo, JobInfo, aget_job, get_job, list_channels
 from fairqueue.periodic import periodic
-from fairqueue.producer import JobSpec, configure_channel, enqueue, enqueue_many
+from fairqueue.producer import (
+    JobSpec,
+    aconfigure_channel,
+    aenqueue,
+    aenqueue_many,
+    configure_channel,
+    enqueue,
+    enqueue_many,
+)
 from fairqueue.tasks import Backoff, JobCancelled, JobContext, JobTimeout, Task, registry, task
 
 __version__ = "0.1.0"
@@ -63,6 +73,14 @@ __all__ = [
     "UnknownWorkerError",
     "UnsupportedConnectionError",
     "__version__",
+    "abulk_enqueue",
+    "acancel",
+    "aconfigure_channel",
+    "aenqueue",
+    "aenqueue_many",
+    "aget_job",
+    "aretry",
+    "aupdate_channel",
     "bulk_enqueue",
     "cancel",
     "claim_batch",

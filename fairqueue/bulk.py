@@ -33,14 +33,14 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
-from fairqueue._db import executor_for, psycopg_error
+from fairqueue._db import arun, async_driver_connection, executor_for, psycopg_error
 from fairqueue.errors import FairqueueError, InvalidJobError, UnsupportedConnectionError
-from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked
+from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked, _dependencies_exist, _enqueue_many
 from fairqueue.sql import Q
 from fairqueue.tracing import trace_context
 from fairqueue.validation import check_text
 
-__all__ = ["BatchResult", "BulkEnqueueError", "bulk_enqueue"]
+__all__ = ["BatchResult", "BulkEnqueueError", "abulk_enqueue", "bulk_enqueue"]
 
 #: Jobs per chunk of a bulk enqueue without a run (checked in a thread while the previous one is inserted).
 CHUNK = 20_000
@@ -148,10 +148,7 @@ def enqueue_staged(
 
     The rows must have been validated: the database only enforces its constraints.
     """
-    unknown = set(columns) - set(ALL_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown staging columns {sorted(unknown)}")
-    copy_sql = sql.SQL(Q.bulk_copy_into_stage).format(columns=sql.SQL(", ").join(map(sql.Identifier, columns)))
+    copy_sql = _copy_sql(columns)
     inside_caller_transaction = conn.info.transaction_status == pq.TransactionStatus.INTRANS
     params = {
         "kind": kind,
@@ -175,6 +172,13 @@ def enqueue_staged(
         raise BulkEnqueueError(str(exc.diag.message_primary or exc), run_id=run_id) from None
     assert row is not None
     return BatchResult(int(row[0]), int(row[1]), bool(row[2]), row[3])
+
+
+def _copy_sql(columns: Sequence[str]) -> sql.Composed:
+    unknown = set(columns) - set(ALL_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown staging columns {sorted(unknown)}")
+    return sql.SQL(Q.bulk_copy_into_stage).format(columns=sql.SQL(", ").join(map(sql.Identifier, columns)))
 
 
 def _psycopg_connection(db: object) -> psycopg.Connection[Any]:
@@ -357,12 +361,7 @@ def bulk_enqueue(
     recorded with other content raises :class:`BulkEnqueueError`. ``call_id`` is stored with the
     batch (who committed it).
     """
-    if run_id is not None:
-        run_id = check_text("run_id", run_id)
-        if batch_key is not None:
-            batch_key = check_text("batch_key", batch_key)
-    elif batch_key is not None or call_id is not None:
-        raise InvalidJobError("batch_key and call_id belong to a bulk run: give run_id too")
+    run_id, batch_key = _check_run(run_id, batch_key, call_id)
     if run_id is None:
         return _bulk_enqueue_in_chunks(db, jobs)
     checked = _checked_jobs(jobs)
@@ -394,3 +393,113 @@ def bulk_enqueue(
     except psycopg.Error as exc:
         error = psycopg_error(exc)
         raise BulkEnqueueError(f"bulk enqueue failed: {error or exc}", run_id=run_id) from exc
+
+
+def _check_run(run_id: object, batch_key: object, call_id: object) -> tuple[str | None, str | None]:
+    if run_id is not None:
+        return check_text("run_id", run_id), None if batch_key is None else check_text("batch_key", batch_key)
+    if batch_key is not None or call_id is not None:
+        raise InvalidJobError("batch_key and call_id belong to a bulk run: give run_id too")
+    return None, None
+
+
+async def abulk_enqueue(
+    db: object,
+    jobs: Iterable[JobSpec | Mapping[str, Any]],
+    *,
+    run_id: str | None = None,
+    batch_key: str | None = None,
+    call_id: str | None = None,
+) -> BatchResult:
+    """:func:`bulk_enqueue` for async code: the same checks, COPY and SQL, in ``db``'s transaction
+    (``db`` as for :func:`fairqueue.aenqueue`). Every job is checked before any is written (in the
+    caller's task: there is no helper thread). The jobs go in chunks of :data:`CHUNK`, all in one
+    savepoint.
+
+    With asyncpg underneath (a ``postgresql+asyncpg`` SQLAlchemy URL) there is no COPY through
+    SQLAlchemy's driver adapter: the jobs go through :func:`fairqueue.aenqueue_many`'s statement
+    instead (same jobs, same counts, one statement), and a bulk run (``run_id``) is refused with
+    :class:`UnsupportedConnectionError`.
+    """
+    run_id, batch_key = _check_run(run_id, batch_key, call_id)
+    checked = _checked_jobs(jobs)
+    if not checked:
+        return BatchResult(0, 0)
+    conn = await async_driver_connection(db, "abulk_enqueue")
+    if conn is None:
+        if run_id is not None:
+            raise UnsupportedConnectionError(
+                "a bulk run (run_id) needs COPY through psycopg 3: use a postgresql+psycopg URL for it"
+            )
+        created = await arun(db, _enqueue_many(checked), "abulk_enqueue")
+        return BatchResult(len(created), sum(1 for _, new in created if new))
+    try:
+        await arun(conn, _dependencies_exist({d for job in checked for d in (job.after or ())}))
+        await _aensure_stage(conn)  # begins the caller's transaction where psycopg would
+        trace = trace_context()
+        if run_id is not None:
+            data = _copy_text(checked)
+            digest = digest_of(data, *ALL_COLUMNS)
+            return await _aenqueue_staged(
+                conn,
+                data,
+                run_id=run_id,
+                batch_key=batch_key or digest,
+                digest=digest,
+                call_id=call_id,
+                trace_context=trace,
+            )
+        jobs_in, created_count = 0, 0
+        async with conn.transaction():
+            for start in range(0, len(checked), CHUNK):
+                result = await _aenqueue_staged(conn, _copy_text(checked[start : start + CHUNK]), trace_context=trace)
+                jobs_in, created_count = jobs_in + result.jobs, created_count + result.created
+        return BatchResult(jobs_in, created_count)
+    except psycopg.Error as exc:
+        raise BulkEnqueueError(f"bulk enqueue failed: {exc}", run_id=run_id) from exc
+
+
+async def _aensure_stage(conn: psycopg.AsyncConnection[Any]) -> None:
+    """:func:`ensure_stage` on an AsyncConnection."""
+    async with conn.cursor() as cur:
+        await cur.execute(Q.bulk_stage_exists)
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            await cur.execute(Q.bulk_create_stage)
+
+
+async def _aenqueue_staged(
+    conn: psycopg.AsyncConnection[Any],
+    data: str,
+    *,
+    run_id: str | None = None,
+    batch_key: str | None = None,
+    digest: str | None = None,
+    call_id: str | None = None,
+    trace_context: str | None = None,
+) -> BatchResult:
+    """:func:`enqueue_staged` of every column (:data:`ALL_COLUMNS`) on an AsyncConnection."""
+    inside_caller_transaction = conn.info.transaction_status == pq.TransactionStatus.INTRANS
+    params = {
+        "kind": None,
+        "max_attempts": None,
+        "timeout": None,
+        "run_id": run_id,
+        "batch_key": batch_key,
+        "digest": digest,
+        "call_id": call_id,
+        "trace_context": trace_context,
+    }
+    try:
+        async with conn.transaction(), conn.cursor() as cur:
+            await _aensure_stage(conn)
+            async with cur.copy(_copy_sql(ALL_COLUMNS)) as copy:
+                await copy.write(data)
+            await cur.execute(Q.bulk_enqueue_staged, params)
+            row = await cur.fetchone()
+            if inside_caller_transaction:  # the rows would stay until the caller commits
+                await cur.execute(Q.bulk_empty_stage)
+    except psycopg.errors.InvalidParameterValue as exc:  # fairqueue's own checks in enqueue_batch
+        raise BulkEnqueueError(str(exc.diag.message_primary or exc), run_id=run_id) from None
+    assert row is not None
+    return BatchResult(int(row[0]), int(row[1]), bool(row[2]), row[3])

@@ -12,13 +12,13 @@ import enum
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from fairqueue._db import executor_for
+from fairqueue._db import Steps, arun, run
 from fairqueue.errors import InvalidChannelConfigError
-from fairqueue.producer import configure_channel
+from fairqueue.producer import _configure_channel
 from fairqueue.sql import Q
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 
-__all__ = ["UNCHANGED", "ChannelSettings", "burst_number", "update_channel"]
+__all__ = ["UNCHANGED", "ChannelSettings", "aupdate_channel", "burst_number", "update_channel"]
 
 
 class _Unchanged(enum.Enum):
@@ -88,6 +88,32 @@ def update_channel(
     transaction ends, so edits of different settings all land; keep the transaction short. It needs
     no write privilege on any table: the ``admin`` level of ``fairqueue grant`` is enough.
     """
+    return run(db, _update_channel(name, max_concurrency, rate_limit, burst, weight, paused), "update_channel")
+
+
+async def aupdate_channel(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | Unchanged | None = UNCHANGED,
+    rate_limit: str | Unchanged | None = UNCHANGED,
+    burst: float | Unchanged = UNCHANGED,
+    weight: int | Unchanged = UNCHANGED,
+    paused: bool | Unchanged = UNCHANGED,
+) -> ChannelSettings:
+    """:func:`update_channel` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+    steps = _update_channel(name, max_concurrency, rate_limit, burst, weight, paused)
+    return await arun(db, steps, "aupdate_channel")
+
+
+def _update_channel(
+    name: str,
+    max_concurrency: int | Unchanged | None,
+    rate_limit: str | Unchanged | None,
+    burst: float | Unchanged,
+    weight: int | Unchanged,
+    paused: bool | Unchanged,
+) -> Steps[ChannelSettings]:
     rate_text = None if rate_limit is None or rate_limit is UNCHANGED else parse_rate_limit(rate_limit)[0]
     # the checks of configure_channel, on what was given (placeholders stand for the rest)
     channel, *_ = check_channel_settings(
@@ -100,12 +126,11 @@ def update_channel(
     if rate_limit is None and burst is not UNCHANGED and burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
 
-    ex = executor_for(db)
     if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst, weight, paused)):
-        [(cap, rate, rate_burst, weight_now, paused_now)] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
+        [(cap, rate, rate_burst, weight_now, paused_now)] = (yield Q.channel_settings, (channel,)) or [_DEFAULTS]
         return ChannelSettings(channel, cap, rate, burst_number(rate_burst), weight_now, paused_now)
-    ex.rows(Q.channel_edit_lock, (channel,))
-    [current] = ex.rows(Q.channel_settings, (channel,)) or [_DEFAULTS]
+    yield Q.channel_edit_lock, (channel,)
+    [current] = (yield Q.channel_settings, (channel,)) or [_DEFAULTS]
     cap, rate, rate_burst, weight_now, paused_now = current
     if max_concurrency is not UNCHANGED:
         cap = max_concurrency
@@ -125,13 +150,7 @@ def update_channel(
         weight=weight_now if weight is UNCHANGED else weight,
         paused=paused_now if paused is UNCHANGED else paused,
     )
-    configure_channel(
-        ex,
-        channel,
-        max_concurrency=settings.max_concurrency,
-        rate_limit=settings.rate_limit,
-        burst=settings.burst,
-        weight=settings.weight,
-        paused=settings.paused,
+    yield from _configure_channel(
+        channel, settings.max_concurrency, settings.rate_limit, settings.weight, settings.paused, settings.burst
     )
     return settings

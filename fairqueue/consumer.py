@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fairqueue._db import executor_for, psycopg_error
+from fairqueue._db import Steps, arun, executor_for, psycopg_error, run
 from fairqueue.config import settings
 from fairqueue.errors import InvalidJobError, UnknownWorkerError
 from fairqueue.outcomes import WORKER_OUTCOMES, OutcomeName
@@ -202,7 +202,16 @@ def release(db: object, worker_id: int, job_ids: Iterable[int]) -> int:
 def cancel(db: object, job_id: int) -> str:
     """Cancels a job: 'cancelled' (it will not run), 'cancel_requested' (running; its worker is told),
     'finished' (too late) or 'not_found'."""
-    [(state,)] = executor_for(db).rows(Q.cancel, (check_id("job_id", job_id),))
+    return run(db, _cancel(job_id), "cancel")
+
+
+async def acancel(db: object, job_id: int) -> str:
+    """:func:`cancel` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+    return await arun(db, _cancel(job_id), "acancel")
+
+
+def _cancel(job_id: object) -> Steps[str]:
+    [(state,)] = yield Q.cancel, (check_id("job_id", job_id),)
     return str(state)
 
 
@@ -214,10 +223,19 @@ def retry(db: object, job_id: int, *, attempts: int = 1) -> str:
     live already: nothing changed), 'succeeded' (not run again), 'duplicate' (a live job holds its
     unique key), 'exhausted' (it used the most attempts a job can have) or 'not_found'.
     """
-    job_id = check_id("job_id", job_id)
+    return run(db, _retry(job_id, attempts), "retry")
+
+
+async def aretry(db: object, job_id: int, *, attempts: int = 1) -> str:
+    """:func:`retry` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+    return await arun(db, _retry(job_id, attempts), "aretry")
+
+
+def _retry(job_id: object, attempts: object) -> Steps[str]:
+    checked_id = check_id("job_id", job_id)
     if not isinstance(attempts, int) or isinstance(attempts, bool) or not 1 <= attempts <= MAX_ATTEMPTS:
         raise InvalidJobError(f"attempts must be a whole number from 1 to {MAX_ATTEMPTS}, got {attempts!r}")
-    [(state,)] = executor_for(db).rows(Q.retry, (job_id, attempts))
+    [(state,)] = yield Q.retry, (checked_id, attempts)
     return str(state)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fairqueue._db import executor_for
+from fairqueue._db import Steps, arun, executor_for, run
 from fairqueue.sql import Q
 from fairqueue.validation import check_id
 
@@ -53,7 +53,16 @@ class JobInfo:
 def get_job(db: object, job_id: int) -> JobInfo | None:
     """The job's current state, result and attempt history; None if no such job. One statement reads
     them all, so they come from one snapshot in any transaction of the caller's."""
-    rows = executor_for(db).rows(Q.job_state, {"id": check_id("job_id", job_id)})
+    return run(db, _get_job(job_id), "get_job")
+
+
+async def aget_job(db: object, job_id: int) -> JobInfo | None:
+    """:func:`get_job` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+    return await arun(db, _get_job(job_id), "aget_job")
+
+
+def _get_job(job_id: object) -> Steps[JobInfo | None]:
+    rows = yield Q.job_state, {"id": check_id("job_id", job_id)}
     if not rows:
         return None
     r = rows[0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from fairqueue._db import Executor, executor_for
+from fairqueue._db import Executor, Steps, arun, run
 from fairqueue.config import settings
 from fairqueue.errors import DuplicateJobError, InvalidChannelConfigError, InvalidJobError
 from fairqueue.sql import Q
@@ -92,13 +92,17 @@ def _check(
     )
 
 
-def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
+def _dependencies_exist(ids: set[int]) -> Steps[None]:
     if not ids:
         return
-    found = {row[0] for row in ex.rows(Q.existing_job_ids, {"ids": sorted(ids)})}
+    found = {row[0] for row in (yield Q.existing_job_ids, {"ids": sorted(ids)})}
     missing = sorted(ids - found)
     if missing:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
+
+
+def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
+    run(ex, _dependencies_exist(ids))
 
 
 def enqueue(
@@ -134,13 +138,86 @@ def enqueue(
 
     Bad input raises :class:`InvalidJobError` before anything is written.
     """
+    return run(
+        db,
+        _enqueue(
+            kind,
+            args,
+            channel,
+            run_at,
+            delay,
+            max_attempts,
+            timeout,
+            unique_key,
+            fifo_key,
+            after,
+            on_duplicate,
+            priority,
+        ),
+        "enqueue",
+    )
+
+
+async def aenqueue(
+    db: object,
+    kind: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    channel: str = "default",
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    max_attempts: int | None = None,
+    timeout: float | timedelta | None = None,
+    unique_key: str | None = None,
+    fifo_key: str | None = None,
+    after: Iterable[int] | None = None,
+    on_duplicate: OnDuplicate = "return",
+    priority: int = 0,
+) -> int:
+    """:func:`enqueue` for async code: ``await aenqueue(db, ...)`` with ``db`` a SQLAlchemy
+    ``AsyncSession`` or ``AsyncConnection`` (drivers psycopg 3 or asyncpg) or a psycopg 3
+    ``AsyncConnection``. Same arguments, checks, statement and result, in ``db``'s transaction."""
+    return await arun(
+        db,
+        _enqueue(
+            kind,
+            args,
+            channel,
+            run_at,
+            delay,
+            max_attempts,
+            timeout,
+            unique_key,
+            fifo_key,
+            after,
+            on_duplicate,
+            priority,
+        ),
+        "aenqueue",
+    )
+
+
+def _enqueue(
+    kind: object,
+    args: object,
+    channel: object,
+    run_at: object,
+    delay: object,
+    max_attempts: object,
+    timeout: object,
+    unique_key: object,
+    fifo_key: object,
+    after: object,
+    on_duplicate: object,
+    priority: object,
+) -> Steps[int]:
+    """enqueue's steps (shared by enqueue and aenqueue)."""
     if on_duplicate not in ("return", "raise"):
         raise InvalidJobError(f"on_duplicate must be 'return' or 'raise', got {on_duplicate!r}")
     job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, priority)
-    ex = executor_for(db)
     if job.after:
-        _check_dependencies_exist(ex, set(job.after))
-    [(job_id, created)] = ex.rows(
+        yield from _dependencies_exist(set(job.after))
+    [(job_id, created)] = yield (
         Q.enqueue,
         (
             job.kind,
@@ -168,6 +245,15 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
     Each job is a :class:`JobSpec` or a mapping with the same keys. Every job is checked before any is
     written. Jobs whose unique key is held by an unfinished job get that job's id back.
     """
+    return [job_id for job_id, _ in run(db, _enqueue_many(_check_many(jobs)), "enqueue_many")]
+
+
+async def aenqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[int]:
+    """:func:`enqueue_many` for async code (``db`` as for :func:`aenqueue`)."""
+    return [job_id for job_id, _ in await arun(db, _enqueue_many(_check_many(jobs)), "aenqueue_many")]
+
+
+def _check_many(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]:
     checked: list[_Checked] = []
     for i, spec in enumerate(jobs):
         if isinstance(spec, Mapping):
@@ -197,15 +283,19 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
             )
         except InvalidJobError as exc:
             raise InvalidJobError(f"job #{i}: {exc}") from None
+    return checked
+
+
+def _enqueue_many(checked: list[_Checked]) -> Steps[list[tuple[int, bool]]]:
+    """enqueue_many's steps for checked jobs; returns (job id, created) per job, in input order."""
     if not checked:
         return []
-    ex = executor_for(db)
-    _check_dependencies_exist(ex, {d for job in checked for d in (job.after or ())})
+    yield from _dependencies_exist({d for job in checked for d in (job.after or ())})
 
     def column(values: list[Any]) -> list[Any] | None:
         return None if all(v is None for v in values) else values
 
-    rows = ex.rows(
+    rows = yield (
         Q.enqueue_many,
         (
             [j.kind for j in checked],
@@ -221,7 +311,7 @@ def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> lis
             None if (trace := trace_context()) is None else [trace] * len(checked),
         ),
     )
-    return [int(job_id) for _, job_id, _ in rows]
+    return [(int(job_id), bool(created)) for _, job_id, created in rows]
 
 
 def configure_channel(
@@ -244,6 +334,26 @@ def configure_channel(
 
     Runs in the caller's transaction and holds the channel's row until it ends: keep it short.
     """
+    run(db, _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst), "configure_channel")
+
+
+async def aconfigure_channel(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    weight: int = 1,
+    paused: bool = False,
+    burst: float = 1,
+) -> None:
+    """:func:`configure_channel` for async code (``db`` as for :func:`aenqueue`)."""
+    await arun(db, _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst), "aconfigure_channel")
+
+
+def _configure_channel(
+    name: object, max_concurrency: object, rate_limit: object, weight: object, paused: object, burst: object
+) -> Steps[None]:
     channel, cap, weight_, paused_, burst_ = check_channel_settings(name, max_concurrency, weight, paused, burst)
     rate_text: str | None = None
     per_second: float | None = None
@@ -251,4 +361,4 @@ def configure_channel(
         rate_text, per_second = parse_rate_limit(rate_limit)
     elif burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
-    executor_for(db).rows(Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_))
+    yield Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_)

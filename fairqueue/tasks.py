@@ -5,6 +5,7 @@
 
     send_invoice.enqueue(session, invoice_id=7)                        # in the caller's transaction
     send_invoice.using(channel="tenant-42", delay=60).enqueue(session, 7)
+    await send_invoice.aenqueue(async_session, invoice_id=7)          # the same, from async code
 
 A task that takes a :class:`JobContext` (``pass_context=True``) sees its job (id, attempt, channel)
 and can use ``ctx.session`` / ``ctx.connection``: a transaction in which the worker also records the
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar,
 
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
-from fairqueue.producer import JobSpec, OnDuplicate, enqueue
+from fairqueue.producer import JobSpec, OnDuplicate, aenqueue, enqueue
 from fairqueue.validation import check_max_attempts, check_priority, check_seconds, check_text
 
 if TYPE_CHECKING:
@@ -291,6 +292,10 @@ class Task[**P, R]:
         """Enqueues a run of this task with these arguments in ``db``'s transaction; returns the job id."""
         return BoundTask(self, _Options()).enqueue(db, *args, **kwargs)
 
+    async def aenqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
+        """:meth:`enqueue` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+        return await BoundTask(self, _Options()).aenqueue(db, *args, **kwargs)
+
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
         """A :class:`JobSpec` for :func:`fairqueue.enqueue_many`."""
         return BoundTask(self, _Options()).spec(*args, **kwargs)
@@ -307,22 +312,25 @@ class BoundTask[**P, R]:
         return BoundTask(self.task, replace(self.options, **changes))
 
     def enqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
+        return enqueue(db, self.task.name, self.task.bind(*args, **kwargs), **self._job_options())
+
+    async def aenqueue(self, db: object, *args: P.args, **kwargs: P.kwargs) -> int:
+        return await aenqueue(db, self.task.name, self.task.bind(*args, **kwargs), **self._job_options())
+
+    def _job_options(self) -> dict[str, Any]:
         o, t = self.options, self.task
-        return enqueue(
-            db,
-            t.name,
-            t.bind(*args, **kwargs),
-            channel=o.channel or t.channel,
-            run_at=o.run_at,
-            delay=o.delay,
-            max_attempts=o.max_attempts or t.max_attempts,
-            timeout=o.timeout,
-            unique_key=o.unique_key,
-            fifo_key=o.fifo_key,
-            after=o.after,
-            on_duplicate=o.on_duplicate,
-            priority=t.priority if o.priority is None else o.priority,
-        )
+        return {
+            "channel": o.channel or t.channel,
+            "run_at": o.run_at,
+            "delay": o.delay,
+            "max_attempts": o.max_attempts or t.max_attempts,
+            "timeout": o.timeout,
+            "unique_key": o.unique_key,
+            "fifo_key": o.fifo_key,
+            "after": o.after,
+            "on_duplicate": o.on_duplicate,
+            "priority": t.priority if o.priority is None else o.priority,
+        }
 
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
         o, t = self.options, self.task

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # each test uses its own database names (fq_claim, fq_steady, fq_soak)
 
 
-def _bench(module: str, server_url: str, tmp_path: Path, *args: str) -> dict[str, Any]:
+def _bench(module: str, server_url: str, tmp_path: Path, *args: str, workload: str | None = None) -> dict[str, Any]:
     env = dict(os.environ, FAIRQUEUE_BENCH_RESULTS=str(tmp_path))
     out = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--database-url", server_url, "--no-doc", *args],
@@ -31,9 +31,9 @@ def _bench(module: str, server_url: str, tmp_path: Path, *args: str) -> dict[str
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "- Reproduce: `python -m benchmarks." in out.stdout
-    [record] = tmp_path.glob(f"{module}-*.json")
+    [record] = tmp_path.glob(f"{workload or module}-*.json")
     data: dict[str, Any] = json.loads(record.read_text())
-    assert data["workload"] == module and data["postgresql"] and data["versions"]
+    assert data["workload"] == (workload or module) and data["postgresql"] and data["versions"]
     return data
 
 
@@ -43,6 +43,18 @@ def test_claim_latency_reports_the_ratios_against_the_target(server_url: str, tm
     results = data["results"]
     assert [r["queued"] for r in results["fairqueue"]] == [500, 2000]
     assert {t["what"] for t in results["targets"]} >= {"slowest vs fastest of all shapes"}
+
+
+def test_async_enqueue_latency_compares_every_async_caller_with_its_sync_counterpart(
+    server_url: str, tmp_path: Path
+) -> None:
+    args = ["--async", "--samples", "20", "--rate", "500", "--backlog", "100"]
+    data = _bench("enqueue_latency", server_url, tmp_path, *args, workload="enqueue_latency_async")
+    results = {r["caller"]: r for r in data["results"]}
+    assert results["psycopg AsyncConnection"]["counterpart"] == "psycopg Connection"
+    assert all(r["samples"] == 20 for r in results.values())
+    assert all("p95_ratio" in r and "target_met" in r for r in results.values() if r["api"] == "async")
+    assert all(r["cpu_us_mean"] > 0 for r in results.values())
 
 
 def test_steady_runs_fairqueue_and_the_loop(server_url: str, tmp_path: Path) -> None:

@@ -67,8 +67,22 @@ class Page:
 
 PAGES: dict[str, Page] = {
     "README.md": Page(
-        after='assert jobs("invoices.send") == [("acme", {"invoice_id": 1})]\n'
-        "assert session.get(Invoice, 1) is None or True"
+        after="""
+import asyncio
+from sqlalchemy.ext.asyncio import create_async_engine
+
+
+async def _checkout_on(driver):  # the async block's function, called as the reader's app would
+    engine = create_async_engine(os.environ["DOCS_SQLALCHEMY_URL"].replace("+psycopg", "+" + driver))
+    await checkout(async_sessionmaker(engine))
+    await engine.dispose()
+
+
+for driver in ("psycopg", "asyncpg"):
+    asyncio.run(_checkout_on(driver))
+assert jobs("invoices.send") == [("acme", {"invoice_id": i}) for i in (1, 2, 3)]
+assert session.get(Invoice, 1) is None or True
+""",
     ),
     "docs/guide.md": Page(
         prelude="work = [(1, 7), (2, 8)]  # (image, tenant) pairs\nrunning = False\n"

@@ -6,6 +6,7 @@ the history table and stops them (SIGTERM, graceful) when every job is done.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -132,6 +133,13 @@ def _refuse_a_used_queue(conn: psycopg.Connection[Any], url: str) -> None:
     )
 
 
+async def _alice_request(url: str) -> None:
+    """What an async web app's request does: its own transaction on an async connection, the job
+    written in it with the awaitable twin of enqueue (the same checks and SQL)."""
+    async with await psycopg.AsyncConnection.connect(url) as aconn, aconn.transaction():
+        await send_invoice.using(channel=ALICE).aenqueue(aconn, "alice")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
@@ -173,8 +181,9 @@ def _run(database_url: str | None, bob_jobs: int, workers: int, batch: int, job_
                         conn, [resize_image.using(channel=BOB).spec(i, job_ms) for i in range(bob_jobs)]
                     )
                 print(f"Bob enqueued {bob_jobs:,} jobs in one transaction ({time.monotonic() - t0:.2f} s).", flush=True)
-                send_invoice.using(channel=ALICE).enqueue(conn, "alice")
+                asyncio.run(_alice_request(url))
                 print("Then Alice enqueued 1 job.", flush=True)
+                print("  (from async code, as a web request would: await send_invoice.aenqueue(...))", flush=True)
             except BaseException:
                 _stop_workers(procs, patience=2.0)
                 raise

@@ -88,6 +88,8 @@ def test_alices_job_runs_early_and_no_worker_is_left_behind(empty_database_url: 
 
     found = re.search(r"Alice's job was job #([\d,]+) of ([\d,]+) to start", output)
     assert found, output
+    # Alice's job came through the async API (an async connection's transaction, task.aenqueue)
+    assert "Then Alice enqueued 1 job.\n  (from async code, as a web request would: await" in output, output
     position, total = (int(g.replace(",", "")) for g in found.groups())
     assert total == 601 and position <= 41, output  # at most two claims of 10 per worker before it
     waiting = re.search(r"while ([\d,]+) of Bob's jobs were still waiting", output)

@@ -15,6 +15,8 @@
 #   make bench-claim   claim latency from 1,000 to 1,000,000 queued jobs, 10 to 10,000 channels
 #   make bench-enqueue enqueue latency inside a transaction (1 busy channel / 10,000 channels)
 #   make bench-enqueue-async  await fairqueue.aenqueue against fairqueue.enqueue, alternating
+#   make bench-held    steady 1,000 jobs/s over 100 and 1 channels while a snapshot is held 60 s
+#   make bench-rows    row operations and WAL bytes per job: fairqueue, the fair SQL floor, the loop
 #   make bench-bulk    enqueue_many vs bulk_enqueue (COPY), 100,000 jobs
 #   make bench-soak    1,000,000 jobs: worker memory and hot table sizes stay flat
 
@@ -29,7 +31,7 @@ PYTHON ?= $(shell for p in python3.12 python3.13 python3; do \
 	  then command -v $$p; break; fi; done)
 
 .PHONY: demo wheel test test-pg15 lint browser jdbc clean bench-all bench-drain bench-peers bench-steady bench-fairness \
-	bench-claim bench-enqueue bench-enqueue-async bench-bulk bench-soak
+	bench-claim bench-enqueue bench-enqueue-async bench-bulk bench-soak bench-held bench-rows
 
 $(VENV)/.installed-%: pyproject.toml
 	@test -n "$(PYTHON)" || { echo "fairqueue needs Python >= 3.12 (try: pyenv install 3.12)"; exit 1; }
@@ -94,8 +96,10 @@ bench_module_claim    := claim_latency
 bench_module_enqueue  := enqueue_latency
 bench_module_bulk     := bulk_enqueue
 bench_module_soak     := soak
+bench_module_held     := held_snapshot
+bench_module_rows     := row_costs
 
-$(addprefix bench-,drain peers steady fairness claim enqueue bulk soak): $(VENV)/.installed-dev
+$(addprefix bench-,drain peers steady fairness claim enqueue bulk soak held rows): $(VENV)/.installed-dev
 	$(PY) -m benchmarks.$(bench_module_$(@:bench-%=%)) $(BENCH_ARGS)
 
 bench-enqueue-async: $(VENV)/.installed-dev
@@ -104,7 +108,7 @@ bench-enqueue-async: $(VENV)/.installed-dev
 # in sequence, never in parallel (each one wants the whole machine)
 bench-all: $(VENV)/.installed-dev
 	$(MAKE) --no-print-directory -j1 bench-drain bench-steady bench-fairness bench-claim bench-enqueue bench-enqueue-async \
-	  bench-bulk bench-soak BENCH_ARGS="$(BENCH_ARGS)"
+	  bench-bulk bench-soak bench-held bench-rows BENCH_ARGS="$(BENCH_ARGS)"
 
 clean:
 	rm -rf $(VENV) .bench-venv .pytest_cache .mypy_cache .ruff_cache dist build

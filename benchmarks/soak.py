@@ -32,6 +32,8 @@ from benchmarks._systems import Fairqueue, Loop, System, rss_kib
 HOT_TABLES = {
     "fairqueue": ("fairqueue", ["job", "running_job", "channel", "channel_wakeup", "channel_debt", "scheduled_job"]),
     "loop": ("public", ["bench_queue"]),
+    "floor": ("public", ["floor_job", "floor_running", "floor_channel", "floor_wakeup"]),
+    "pgqueuer": ("public", ["pgqueuer", "pgqueuer_statistics"]),
 }
 RSS_GROWTH = 1.10
 

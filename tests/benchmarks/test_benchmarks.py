@@ -75,3 +75,29 @@ def test_soak_measures_memory_and_tables(server_url: str, tmp_path: Path) -> Non
     [result] = data["results"]
     assert result["enqueued"] == 300 and result["end"]["finished"] == 300
     assert set(result["end"]["tables"]) >= {"job", "running_job", "channel"}
+
+
+def test_held_snapshot_measures_each_window_and_the_tables(server_url: str, tmp_path: Path) -> None:
+    data = _bench(
+        "held_snapshot", server_url, tmp_path, "--no-peers", "--with-floor", "--rate", "100", "--channels", "3",
+        "--before", "1.2", "--hold", "1", "--after", "1", "--warmup", "0.2", "--sample-every", "0.5",
+        "--producers", "2", "--processes", "1", "--concurrency", "5", "--batch", "5",
+    )  # fmt: skip
+    results = data["results"]
+    assert [r["key"] for r in results] == ["fairqueue", "loop", "floor"]
+    for r in results:
+        assert all(r["windows"][w]["enqueued"] > 0 for w in ("before", "hold", "after")), r["windows"]
+        assert {s["phase"] for s in r["samples"]} == {"before", "hold", "after", "drained"}
+        assert r["backlog_left"] == 0
+    assert set(results[0]["samples"][0]["tables"]) >= {"job", "running_job", "channel"}
+
+
+def test_row_costs_counts_each_systems_writes(server_url: str, tmp_path: Path) -> None:
+    data = _bench("row_costs", server_url, tmp_path, "--jobs", "300", "--channels", "3", "--batch", "10")
+    runs = data["results"]["runs"]
+    assert [r["channels"] for r in runs] == [3, 3, 3]
+    by_system = {r["system"].split(",")[0]: r for r in runs}
+    assert set(by_system) == {"fairqueue", "fair SQL floor", "loop"}
+    # every system moves each job out of its queue once, whatever else it writes
+    assert all(r["row_ops_per_job"] >= 2 and r["wal_bytes_per_job"] > 0 for r in runs)
+    assert by_system["loop"]["tables"]["public.bench_done"]["inserted"] == 300

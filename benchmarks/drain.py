@@ -1,10 +1,12 @@
-"""Drain throughput of the core claim/finish API against a hand-written SKIP LOCKED loop.
+"""Drain throughput of the core claim/finish API against a hand-written SKIP LOCKED loop and the fair
+SQL floor (benchmarks/floor.py).
 
     python -m benchmarks.drain --jobs 20000 --processes 2 --batch 10 --channels 1 --channels 10
 
 Each process loops: claim a batch, finish it (no-op jobs), one round trip each, autocommit. The
 reference loop does the same on a plain one-table queue (UPDATE ... SKIP LOCKED / DELETE) in the
-same database. This measures the queue operations alone; the worker runtime adds its own costs.
+same database, and for each channel count the floor drains the same jobs just before fairqueue.
+This measures the queue operations alone; the worker runtime adds its own costs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import psycopg
 
 import fairqueue
+from benchmarks import floor
 from benchmarks._common import database
 from fairqueue import migrations
 
@@ -51,6 +54,22 @@ def _reference_worker(url: str, batch: int, start: Any, done: Any) -> None:
             if not rows:
                 break
             conn.execute("DELETE FROM bench_queue WHERE id = ANY(%s)", ([r[0] for r in rows],))
+            n += len(rows)
+        done.put(n)
+
+
+def _floor_worker(url: str, batch: int, start: Any, done: Any) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        start.wait()
+        empty = 0
+        n = 0
+        while empty < 3:
+            rows = conn.execute(floor.CLAIM, (batch,)).fetchall()
+            if not rows:
+                empty += 1
+                continue
+            empty = 0
+            conn.execute(floor.FINISH, ([r[0] for r in rows],))
             n += len(rows)
         done.put(n)
 
@@ -97,7 +116,19 @@ def main() -> None:
             conn.execute("VACUUM ANALYZE bench_queue")
             total, elapsed = run(url, _reference_worker, args.processes)
             print(f"hand-written SKIP LOCKED loop: {total} jobs in {elapsed:.2f} s = {total / elapsed:,.0f} jobs/s")
+            conn.execute(floor.TABLES)
             for channels in args.channels or [1, 10]:
+                conn.execute("TRUNCATE floor_job, floor_wakeup, floor_channel, floor_running, floor_done")
+                for c in range(channels):
+                    share = args.jobs // channels + (c < args.jobs % channels)
+                    if share:
+                        conn.execute(floor.ENQUEUE, (f"c{c}", share))
+                conn.execute("VACUUM ANALYZE floor_job")
+                total, elapsed = run(url, _floor_worker, args.processes)
+                print(
+                    f"fair SQL floor, {channels} channel(s): {total} jobs in {elapsed:.2f} s = "
+                    f"{total / elapsed:,.0f} jobs/s"
+                )
                 conn.execute(
                     "TRUNCATE fairqueue.job, fairqueue.running_job, fairqueue.channel, "
                     "fairqueue.channel_wakeup, fairqueue.worker, fairqueue.completed_job"

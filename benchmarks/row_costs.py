@@ -38,6 +38,10 @@ def measure(system: System, url: str, jobs: int, channels: int) -> dict[str, Any
             if share:
                 system.add(conn, f"c{channel}", share)
         conn.execute("VACUUM ANALYZE")
+        # this session's counts of the enqueue may still be pending (a backend flushes them at most once
+        # a second): flush them now, so that the reset below clears them
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT 1")
         conn.execute("SELECT pg_stat_reset()")
         wal_before = scalar(conn, "SELECT pg_current_wal_insert_lsn()")
         workers = system.start(url)

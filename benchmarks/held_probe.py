@@ -1,0 +1,91 @@
+"""Why a held snapshot slows fairqueue's producers: one look at what a producer reads, before and
+during a held REPEATABLE READ snapshot, under steady load (issue 16's "measure first").
+
+    python -m benchmarks.held_probe [--rate 1000] [--channels 100] [--hold 25] [--database-url URL]
+
+fairqueue workers (2 processes, concurrency and batch 50) and 4 producer processes at --rate jobs/s
+over --channels channels run for 12 s; then, before and after --hold seconds of a held snapshot:
+single enqueues into one channel from a side connection (p50/p95 ms, commit included), the plan and
+buffers of the producer's channel lookup (_wake_channel's `SELECT ... FROM fairqueue.channel WHERE
+name = ... AND active`), and the channel table's size and updates (HOT or not). Prints only; it is a
+diagnostic, not a workload with targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import time
+from typing import Any
+
+import psycopg
+
+from benchmarks._common import database, fresh_database
+from benchmarks._systems import Fairqueue
+from benchmarks.tasks import noop
+
+LOOKUP = "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT 1 FROM fairqueue.channel WHERE name = 'c7' AND active"
+CHANNEL = (
+    "SELECT pg_total_relation_size('fairqueue.channel'), n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+    "WHERE relid = 'fairqueue.channel'::regclass"
+)
+
+
+def enqueue_ms(url: str, n: int = 200) -> tuple[float, float]:
+    times = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(n):
+            t = time.perf_counter()
+            noop.using(channel="c7").enqueue(conn)
+            times.append((time.perf_counter() - t) * 1000)
+            time.sleep(0.005)
+    q = statistics.quantiles(times, n=100, method="inclusive")
+    return round(q[49], 2), round(q[94], 2)
+
+
+def look(conn: psycopg.Connection[Any], url: str, when: str) -> None:
+    p50, p95 = enqueue_ms(url)
+    plan = [r[0].strip() for r in conn.execute(LOOKUP).fetchall()]
+    buffers = next((line for line in plan if line.startswith("Buffers")), "")
+    size, updates, hot = conn.execute(CHANNEL).fetchone() or (0, 0, 0)
+    print(
+        f"{when}: enqueue p50 {p50} ms, p95 {p95} ms; channel lookup {buffers}; channel table "
+        f"{size / 1024:,.0f} KiB, {updates:,} updates ({hot:,} HOT)",
+        flush=True,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--database-url")
+    p.add_argument("--rate", type=float, default=1000.0)
+    p.add_argument("--channels", type=int, default=100)
+    p.add_argument("--hold", type=float, default=25.0)
+    args = p.parse_args()
+    with database(args.database_url) as server:
+        url = fresh_database(server, "fq_held_probe")
+        os.environ["FAIRQUEUE_BENCH_CHANNELS"] = str(args.channels)  # read by benchmarks/_producer.py
+        system = Fairqueue(2, 50, 50)
+        system.setup(url)
+        workers = system.start(url)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool, psycopg.connect(url, autocommit=True) as conn:
+                seconds = 12 + args.hold + 15
+                producing = pool.submit(system.produce, url, args.rate, seconds, time.time() + 1, 4)
+                time.sleep(12)
+                look(conn, url, "before the hold")
+                with psycopg.connect(url) as holder:
+                    holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                    holder.execute("SELECT count(*) FROM pg_class").fetchone()
+                    time.sleep(args.hold)
+                    look(conn, url, f"after {args.hold:g} s of the hold")
+                    holder.rollback()
+                producing.result()
+        finally:
+            workers.stop()
+
+
+if __name__ == "__main__":
+    main()

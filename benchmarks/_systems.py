@@ -297,19 +297,14 @@ LOOP_CLAIM = (
 )
 
 
+LOOP_FINISH = (
+    "WITH gone AS (DELETE FROM bench_queue WHERE id = ANY(%s) RETURNING id, kind, enqueued_at, started_at) "
+    "INSERT INTO bench_done SELECT id, kind, enqueued_at, started_at, clock_timestamp() FROM gone"
+)
+
+
 def loop_worker(url: str, batch: int, poll: float, stop: Any) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        while not stop.is_set():
-            rows = conn.execute(LOOP_CLAIM, (batch,)).fetchall()
-            if not rows:
-                time.sleep(poll)
-                continue
-            conn.execute(
-                "WITH gone AS (DELETE FROM bench_queue WHERE id = ANY(%s) "
-                "RETURNING id, kind, enqueued_at, started_at) "
-                "INSERT INTO bench_done SELECT id, kind, enqueued_at, started_at, clock_timestamp() FROM gone",
-                ([r[0] for r in rows],),
-            )
+    floor.claim_finish_loop(url, batch, poll, stop, LOOP_CLAIM, LOOP_FINISH)
 
 
 class PgQueuer(System):

@@ -127,13 +127,18 @@ FINISH = (
 )
 
 
-def floor_worker(url: str, batch: int, poll: float, stop: Any) -> None:
-    """Claims up to ``batch`` jobs, "runs" them (no-ops), finishes them in one statement; sleeps
-    ``poll`` seconds when a claim finds nothing. Until ``stop`` (an Event) is set."""
+def claim_finish_loop(url: str, batch: int, poll: float, stop: Any, claim: str, finish: str) -> None:
+    """A raw-SQL worker: runs ``claim`` (up to ``batch`` jobs, their ids first), "runs" them (no-ops)
+    and ``finish`` with the ids in one statement; sleeps ``poll`` seconds when a claim finds nothing.
+    Until ``stop`` (an Event) is set. The floor's worker and the loop's (benchmarks/_systems.py)."""
     with psycopg.connect(url, autocommit=True) as conn:
         while not stop.is_set():
-            rows = conn.execute(CLAIM, (batch,)).fetchall()
+            rows = conn.execute(claim, (batch,)).fetchall()
             if not rows:
                 time.sleep(poll)
                 continue
-            conn.execute(FINISH, ([r[0] for r in rows],))
+            conn.execute(finish, ([r[0] for r in rows],))
+
+
+def floor_worker(url: str, batch: int, poll: float, stop: Any) -> None:
+    claim_finish_loop(url, batch, poll, stop, CLAIM, FINISH)

@@ -50,6 +50,7 @@ class Channel(Base):
     __table_args__ = (
         Index("channel_eligible_idx", "vtime", "served_at", "name", postgresql_where=text("eligible")),
         Index("channel_throttled_idx", "throttled_until", postgresql_where=text("throttled_until IS NOT NULL")),
+        Index("channel_capped_idx", "name", postgresql_where=text("max_concurrency IS NOT NULL")),
         {
             "postgresql_with": {
                 "fillfactor": 50,
@@ -84,6 +85,21 @@ class Channel(Base):
             persisted=True,
         ),
     )
+
+
+class ChannelActive(Base):
+    """Whether a channel is active, as producers read it: a copy of ``Channel.active`` that triggers on
+    ``channel`` keep, so it changes only when a channel goes active or idle (never per claim)."""
+
+    __tablename__ = "channel_active"
+    __table_args__ = ({"postgresql_with": {"fillfactor": 20}},)
+
+    name: Mapped[str] = mapped_column(
+        Text,
+        ForeignKey("fairqueue.channel.name", ondelete="CASCADE", name="channel_active_name_fkey"),
+        primary_key=True,
+    )
+    active: Mapped[bool] = mapped_column(Boolean)
 
 
 class Job(Base):

@@ -58,6 +58,7 @@ READABLE_TABLES = (
     "fifo_holder",
     "fifo_waiting",
     "channel",
+    "channel_active",
     "channel_wakeup",
     "channel_debt",
     "worker",
@@ -68,24 +69,27 @@ READABLE_TABLES = (
 )
 
 
-def statements(level: str, role: str, *, revoke: bool = False) -> list[sql.Composed]:
-    """The GRANT (or REVOKE) statements that give ``role`` the rights of ``level``."""
+def statements(
+    level: str, role: str, *, revoke: bool = False, tables: tuple[str, ...] = READABLE_TABLES
+) -> list[sql.Composed]:
+    """The GRANT (or REVOKE) statements that give ``role`` the rights of ``level`` (reading ``tables``,
+    by default every table of the current schema)."""
     if level not in FUNCTIONS:
         raise ConfigurationError(f"level must be one of {sorted(FUNCTIONS)}, got {level!r}")
     if not role or len(role) > 63:
         raise ConfigurationError("the role name must have 1 to 63 characters")
     who = sql.Identifier(role)
     functions = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in FUNCTIONS[level])
-    tables = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in READABLE_TABLES)
+    readable = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in tables)
     if revoke:
         return [
             sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(functions, who),
-            sql.SQL("REVOKE SELECT ON {} FROM {}").format(tables, who),
+            *([sql.SQL("REVOKE SELECT ON {} FROM {}").format(readable, who)] if tables else []),
             sql.SQL("REVOKE USAGE ON SCHEMA fairqueue FROM {}").format(who),
         ]
     return [
         sql.SQL("GRANT USAGE ON SCHEMA fairqueue TO {}").format(who),
-        sql.SQL("GRANT SELECT ON {} TO {}").format(tables, who),
+        *([sql.SQL("GRANT SELECT ON {} TO {}").format(readable, who)] if tables else []),
         sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(functions, who),
     ]
 
@@ -93,7 +97,7 @@ def statements(level: str, role: str, *, revoke: bool = False) -> list[sql.Compo
 def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool = False) -> list[str]:
     """Grants (or revokes) ``level``'s rights to an existing role, in the caller's transaction;
     returns the statements run, as text."""
-    composed = statements(level, role, revoke=revoke)
+    statements(level, role)  # the level and the name, checked before anything is read
     exists = conn.execute(Q.role_exists, (role,)).fetchone()
     if not exists:
         raise ConfigurationError(
@@ -105,6 +109,10 @@ def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool 
             f"only the owner of the fairqueue schema ({owner[1]}) may grant or revoke its rights; "
             "connect as that role (the one that ran fairqueue migrate)"
         )
+    # a database at an older revision lacks the newer tables; the migration that adds one grants it
+    # to the roles that can read channel
+    row = conn.execute(Q.existing_tables, (list(READABLE_TABLES),)).fetchone()
+    composed = statements(level, role, revoke=revoke, tables=tuple(row[0] if row and row[0] else ()))
     done = []
     for statement in composed:
         conn.execute(statement)

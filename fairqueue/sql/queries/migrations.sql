@@ -21,6 +21,12 @@ INSERT INTO fairqueue_alembic_version (version_num) VALUES (%s)
 -- name: role_exists
 SELECT 1 FROM pg_roles WHERE rolname = %s
 
+-- name: existing_tables
+-- Which of the given tables of the fairqueue schema the database has (one installed at an older
+-- revision lacks the newer ones).
+SELECT array_agg(t ORDER BY o) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, o)
+WHERE to_regclass(format('fairqueue.%%I', t)) IS NOT NULL
+
 -- name: may_grant
 -- Whether the connected role may grant fairqueue's rights (it owns the schema, is a member of its
 -- owner, or is a superuser), and the owner's name. No row: fairqueue is not installed. PostgreSQL lets

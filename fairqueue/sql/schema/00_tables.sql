@@ -56,6 +56,20 @@ CREATE TABLE fairqueue.channel (
 -- served (round-robin). Channels with nothing to do are not in it.
 CREATE INDEX channel_eligible_idx ON fairqueue.channel (vtime, served_at, name) WHERE eligible;
 CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE throttled_until IS NOT NULL;
+-- The capped channels: a finish gives back slots only to these, and finds out that it has none to
+-- give back without reading the rows of the channels it finished jobs of.
+CREATE INDEX channel_capped_idx ON fairqueue.channel (name) WHERE max_concurrency IS NOT NULL;
+
+-- What producers read: whether a channel is active (schema/10_enqueue.sql, _wake_channel). A copy
+-- of channel.active kept by a trigger on channel (_copy_channel_active), so it changes only when a
+-- channel goes active or idle. A claim writes a new version of every channel row it serves; while a
+-- long transaction elsewhere holds back vacuum none of those versions can be pruned, and a producer
+-- reading the channel row would walk them all (invariant 13). Updates here change no indexed column,
+-- so they are HOT and a look-up stays on one page.
+CREATE TABLE fairqueue.channel_active (
+    name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON DELETE CASCADE,
+    active  boolean NOT NULL
+) WITH (fillfactor = 20);
 
 -- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
 -- (its history then lives in completed_job), never updated. It churns like running_job (a row per

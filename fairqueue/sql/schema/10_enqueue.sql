@@ -6,11 +6,30 @@
 -- places it (schema/20_intake.sql). Whether a worker will look at the job's channel after commit is
 -- _wake_channel's business: the no-lost-wake-up protocol.
 
+-- Keeps fairqueue.channel_active, what producers read, equal to channel.active: for a new channel,
+-- and whenever a channel goes active or idle (the triggers below fire on nothing else). It runs in
+-- the transaction that changed the channel, under that transaction's lock on the channel's row.
+CREATE FUNCTION fairqueue._copy_channel_active()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO fairqueue.channel_active (name, active) VALUES (NEW.name, NEW.active)
+    ON CONFLICT (name) DO UPDATE SET active = EXCLUDED.active;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER channel_active_on_insert AFTER INSERT ON fairqueue.channel
+    FOR EACH ROW EXECUTE FUNCTION fairqueue._copy_channel_active();
+CREATE TRIGGER channel_active_on_update AFTER UPDATE OF active ON fairqueue.channel
+    FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active) EXECUTE FUNCTION fairqueue._copy_channel_active();
+
 -- Makes sure a worker will look at p_channel after this transaction commits (no lost wake-ups).
 --
 -- Under READ COMMITTED the producer takes a shared advisory lock on the channel (shared locks never
--- block each other) and reads the channel: if it is active, a claimer cannot mark it idle until this
--- transaction ends (it needs the exclusive lock, see _idle_channels), so nothing is written.
+-- block each other) and reads whether the channel is active, in channel_active (never the channel's
+-- own row, which every claim that serves the channel rewrites): if it is, a claimer cannot mark it
+-- idle until this transaction ends (it needs the exclusive lock, see _idle_channels), so nothing is
+-- written.
 -- Otherwise, and under REPEATABLE READ or SERIALIZABLE (whose snapshot may predate the channel going
 -- idle), it leaves a wakeup row that becomes visible exactly when the job does, and notifies.
 --
@@ -39,7 +58,7 @@ BEGIN
         IF v_locks < 64 THEN
             PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
             PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
-            IF EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = p_channel AND active) THEN
+            IF EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
                 PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
                 RETURN;
             END IF;

@@ -15,6 +15,11 @@ BEGIN
     IF p_released IS NULL OR cardinality(p_released) = 0 THEN
         RETURN;
     END IF;
+    -- Usually none of them is capped: channel_capped_idx tells, without reading their rows.
+    IF (SELECT name FROM fairqueue.channel WHERE max_concurrency IS NOT NULL AND name = ANY (p_released)
+        LIMIT 1) IS NULL THEN
+        RETURN;
+    END IF;
     UPDATE fairqueue.channel c
     SET running = greatest(c.running - r.n, 0),
         -- leaving saturation: no credit was earned while at the cap

@@ -33,8 +33,8 @@ BEGIN
                         'from yesterday or today (UTC)', v_start
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    -- one partition manager at a time
-    PERFORM pg_advisory_xact_lock(1718681601, 0);
+    -- one partition manager at a time (a class of its own: 1718681601 is the producers' channel locks)
+    PERFORM pg_advisory_xact_lock(1718681604, 0);
     FOR i IN 0 .. p_days_ahead LOOP
         v_day := v_start + i;
         v_name := 'completed_job_p' || to_char(v_day, 'YYYYMMDD');

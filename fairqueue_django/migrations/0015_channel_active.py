@@ -1,0 +1,11 @@
+"""fairqueue schema revision fq0011 (fairqueue/sql/migrations/v0011_up.sql): producers read a channel's
+activity apart from its scheduling state."""
+
+from django.db import migrations
+
+from fairqueue_django.schema import apply_version
+
+
+class Migration(migrations.Migration):
+    dependencies = [("fairqueue", "0014_priorities")]
+    operations = [apply_version("fq0011")]

@@ -96,7 +96,7 @@ class ChannelActive(Base):
 
     name: Mapped[str] = mapped_column(
         Text,
-        ForeignKey("fairqueue.channel.name", ondelete="CASCADE", name="channel_active_name_fkey"),
+        ForeignKey("fairqueue.channel.name", onupdate="CASCADE", ondelete="CASCADE", name="channel_active_name_fkey"),
         primary_key=True,
     )
     active: Mapped[bool] = mapped_column(Boolean)

@@ -14,7 +14,7 @@
 CREATE INDEX channel_capped_idx ON fairqueue.channel (name) WHERE max_concurrency IS NOT NULL;
 
 CREATE TABLE fairqueue.channel_active (
-    name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON DELETE CASCADE,
+    name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON UPDATE CASCADE ON DELETE CASCADE,
     active  boolean NOT NULL
 ) WITH (fillfactor = 20);
 

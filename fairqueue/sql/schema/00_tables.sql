@@ -67,7 +67,7 @@ CREATE INDEX channel_capped_idx ON fairqueue.channel (name) WHERE max_concurrenc
 -- reading the channel row would walk them all (invariant 13). Updates here change no indexed column,
 -- so they are HOT and a look-up stays on one page.
 CREATE TABLE fairqueue.channel_active (
-    name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON DELETE CASCADE,
+    name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON UPDATE CASCADE ON DELETE CASCADE,
     active  boolean NOT NULL
 ) WITH (fillfactor = 20);
 

@@ -131,7 +131,7 @@ def main() -> None:
                 )
                 conn.execute(
                     "TRUNCATE fairqueue.job, fairqueue.running_job, fairqueue.channel, "
-                    "fairqueue.channel_wakeup, fairqueue.worker, fairqueue.completed_job"
+                    "fairqueue.channel_active, fairqueue.channel_wakeup, fairqueue.worker, fairqueue.completed_job"
                 )
                 fairqueue.enqueue_many(
                     conn, [fairqueue.JobSpec("noop", channel=f"c{i % channels}") for i in range(args.jobs)]

@@ -13,8 +13,8 @@ and the HOT share of updates (n_tup_hot_upd / n_tup_upd) from pg_stat_user_table
 for the stretch between the checkpoint and the end.
 
 Targets: every worker's RSS at the end within 10% of its RSS at the checkpoint (flat), and no hot
-table (job, running_job, channel, channel_wakeup, channel_debt, scheduled_job) larger at the end than
-at the checkpoint. The hand-written loop runs the same soak after fairqueue as the floor (its one
+table (job, running_job, channel, channel_active, channel_wakeup, channel_debt, scheduled_job) larger
+at the end than at the checkpoint. The hand-written loop runs the same soak after fairqueue as the floor (its one
 table, its worker processes' memory), unless --no-loop.
 """
 
@@ -30,7 +30,10 @@ from benchmarks._common import Run, parser, scalar, session, target_cell, worker
 from benchmarks._systems import Fairqueue, Loop, System, rss_kib
 
 HOT_TABLES = {
-    "fairqueue": ("fairqueue", ["job", "running_job", "channel", "channel_wakeup", "channel_debt", "scheduled_job"]),
+    "fairqueue": (
+        "fairqueue",
+        ["job", "running_job", "channel", "channel_active", "channel_wakeup", "channel_debt", "scheduled_job"],
+    ),
     "loop": ("public", ["bench_queue"]),
     "floor": ("public", ["floor_job", "floor_running", "floor_channel", "floor_wakeup"]),
     "pgqueuer": ("public", ["pgqueuer", "pgqueuer_statistics"]),

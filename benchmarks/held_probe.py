@@ -5,10 +5,12 @@ during a held REPEATABLE READ snapshot, under steady load (issue 16's "measure f
 
 fairqueue workers (2 processes, concurrency and batch 50) and 4 producer processes at --rate jobs/s
 over --channels channels run for 12 s; then, before and after --hold seconds of a held snapshot:
-single enqueues into one channel from a side connection (p50/p95 ms, commit included), the plan and
-buffers of the producer's channel lookup (_wake_channel's `SELECT ... FROM fairqueue.channel WHERE
-name = ... AND active`), and the channel table's size and updates (HOT or not). Prints only; it is a
-diagnostic, not a workload with targets.
+single enqueues into one channel from a side connection (p50/p95 ms, commit included); the buffers
+of the producer's channel lookup (_wake_channel's `SELECT ... FROM fairqueue.channel_active WHERE
+name = ... AND active`, and the same look-up in the channel row, which producers read before schema
+revision fq0011); the channel table's size and updates (HOT or not); and where one claim of 50 reads
+its buffers, relation by relation (a claim in a transaction that is rolled back, so no job is taken;
+PostgreSQL's per-transaction counters). Prints only; it is a diagnostic, not a workload with targets.
 """
 
 from __future__ import annotations
@@ -22,11 +24,28 @@ from typing import Any
 
 import psycopg
 
+import fairqueue
 from benchmarks._common import database, fresh_database
 from benchmarks._systems import Fairqueue
 from benchmarks.tasks import noop
 
-LOOKUP = "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT 1 FROM fairqueue.channel WHERE name = 'c7' AND active"
+LOOKUPS = {
+    "producer lookup (channel_active)": "SELECT 1 FROM fairqueue.channel_active WHERE name = 'c7' AND active",
+    "same in the channel row": "SELECT 1 FROM fairqueue.channel WHERE name = 'c7' AND active",
+}
+CLAIM_RELATIONS = (
+    "channel",
+    "channel_pkey",
+    "channel_eligible_idx",
+    "running_job",
+    "running_job_pkey",
+    "running_job_ready_idx",
+    "job",
+    "job_pkey",
+    "channel_wakeup",
+    "channel_wakeup_pkey",
+)
+CLAIM_READS = "SELECT r, pg_stat_get_xact_blocks_fetched(('fairqueue.' || r)::regclass) FROM unnest(%s::text[]) AS r"
 CHANNEL = (
     "SELECT pg_total_relation_size('fairqueue.channel'), n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
     "WHERE relid = 'fairqueue.channel'::regclass"
@@ -45,14 +64,29 @@ def enqueue_ms(url: str, n: int = 200) -> tuple[float, float]:
     return round(q[49], 2), round(q[94], 2)
 
 
-def look(conn: psycopg.Connection[Any], url: str, when: str) -> None:
+def claim_reads(url: str, worker: int) -> str:
+    """Buffers one claim of 50 reads, by relation (its transaction is rolled back: nothing is taken)."""
+    with psycopg.connect(url) as conn:
+        before: dict[str, int] = dict(conn.execute(CLAIM_READS, (list(CLAIM_RELATIONS),)).fetchall())
+        t = time.perf_counter()
+        got = len(fairqueue.claim_batch(conn, worker, 50))
+        ms = (time.perf_counter() - t) * 1000
+        after: dict[str, int] = dict(conn.execute(CLAIM_READS, (list(CLAIM_RELATIONS),)).fetchall())
+        conn.rollback()
+    reads = ", ".join(f"{r} {after[r] - before[r]:,}" for r in CLAIM_RELATIONS if after[r] - before[r])
+    return f"claim of 50 ({got} jobs, {ms:.1f} ms) read {reads}"
+
+
+def look(conn: psycopg.Connection[Any], url: str, when: str, worker: int) -> None:
     p50, p95 = enqueue_ms(url)
-    plan = [r[0].strip() for r in conn.execute(LOOKUP).fetchall()]
-    buffers = next((line for line in plan if line.startswith("Buffers")), "")
+    lookups = []
+    for name, query in LOOKUPS.items():
+        plan = [r[0].strip() for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + query).fetchall()]
+        lookups.append(f"{name} {next((line for line in plan if line.startswith('Buffers')), 'no buffers')}")
     size, updates, hot = conn.execute(CHANNEL).fetchone() or (0, 0, 0)
     print(
-        f"{when}: enqueue p50 {p50} ms, p95 {p95} ms; channel lookup {buffers}; channel table "
-        f"{size / 1024:,.0f} KiB, {updates:,} updates ({hot:,} HOT)",
+        f"{when}: enqueue p50 {p50} ms, p95 {p95} ms; {'; '.join(lookups)}; channel table "
+        f"{size / 1024:,.0f} KiB, {updates:,} updates ({hot:,} HOT); {claim_reads(url, worker)}",
         flush=True,
     )
 
@@ -75,12 +109,13 @@ def main() -> None:
                 seconds = 12 + args.hold + 15
                 producing = pool.submit(system.produce, url, args.rate, seconds, time.time() + 1, 4)
                 time.sleep(12)
-                look(conn, url, "before the hold")
+                worker = fairqueue.register_worker(conn, "held-probe", lease_seconds=3600)
+                look(conn, url, "before the hold", worker)
                 with psycopg.connect(url) as holder:
                     holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                     holder.execute("SELECT count(*) FROM pg_class").fetchone()
                     time.sleep(args.hold)
-                    look(conn, url, f"after {args.hold:g} s of the hold")
+                    look(conn, url, f"after {args.hold:g} s of the hold", worker)
                     holder.rollback()
                 producing.result()
         finally:

@@ -1,4 +1,4 @@
-"""fairqueue 0011: producers read a channel's activity apart from its scheduling state.
+"""fairqueue 0011: held snapshots slow neither producers (channel_active) nor claims (the fair order's floor).
 
 Revision ID: fq0011
 Revises: fq0010

@@ -82,7 +82,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0008", "revision_mark", "the schema records its revision in its comment"),
     Revision("fq0009", "tenant_keys", "keys per channel; no control characters in names; earlier dependencies only"),
     Revision("fq0010", "priorities", "priority within a channel; a job's trace context"),
-    Revision("fq0011", "channel_active", "producers read a channel's activity apart from its scheduling state"),
+    Revision("fq0011", "channel_active", "held snapshots: producers read channel_active, claims scan from a floor"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

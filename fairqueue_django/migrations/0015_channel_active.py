@@ -1,5 +1,5 @@
-"""fairqueue schema revision fq0011 (fairqueue/sql/migrations/v0011_up.sql): producers read a channel's
-activity apart from its scheduling state."""
+"""fairqueue schema revision fq0011 (fairqueue/sql/migrations/v0011_up.sql): held snapshots slow neither
+producers (channel_active) nor claims (the fair order's floor)."""
 
 from django.db import migrations
 

@@ -1,11 +1,15 @@
--- fairqueue schema, revision fq0011: producers read a channel's activity apart from its scheduling state.
+-- fairqueue schema, revision fq0011: a held snapshot no longer slows producers or claims.
 --
--- A producer that enqueues into a channel reads whether the channel is active (the no-lost-wake-up
--- protocol, _wake_channel). It read the channel's row, which every claim that serves the channel
--- rewrites; while a long transaction elsewhere held back vacuum, each look-up walked every version
--- the claims had written since, and producers slowed down (docs/benchmarks.md, issue 16). The flag
--- now has a copy in fairqueue.channel_active, kept by triggers on channel and written only when a
--- channel goes active or idle, which producers read instead.
+-- While a long transaction elsewhere holds back vacuum, no row version written after its snapshot
+-- can be removed. Every claim writes a new version of each channel row it serves, so two look-ups
+-- grew for as long as the snapshot was held (docs/benchmarks.md, issue 16):
+--
+-- * A producer reads whether its channel is active (the no-lost-wake-up protocol, _wake_channel), and
+--   it read the channel's row. The flag now has a copy in fairqueue.channel_active, kept by triggers
+--   on channel and written only when a channel goes active or idle, which producers read instead.
+-- * The claim's scans for the least-served channels walked the entries of every old version in
+--   channel_eligible_idx. They now begin at a floor that no eligible channel is below, kept in
+--   sequences (written in place) and raised by claims (schema/15_vtime_floor.sql says why it is safe).
 --
 -- Also: a finish that frees no capped channel's slot no longer reads the rows of the channels it
 -- finished jobs of (channel_capped_idx), and creating history partitions takes an advisory lock of
@@ -51,6 +55,118 @@ BEGIN
     END LOOP;
 END $grants$;
 
+-- The floor starts at 0, below every virtual time.
+CREATE SEQUENCE fairqueue.vtime_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
+CREATE SEQUENCE fairqueue.vtime_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
+CREATE SEQUENCE fairqueue.vtime_proposal_xid MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
+
+-- The floor: no eligible channel has a lower vtime.
+CREATE FUNCTION fairqueue._vtime_floor()
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT last_value::double precision / 1048576 FROM fairqueue.vtime_floor
+$$;
+
+-- Clamps the vtime of a channel row that may become eligible, or whose vtime drops, to at least the
+-- current proposal (see above). It fires on nothing a claim's charge changes.
+CREATE FUNCTION fairqueue._clamp_vtime()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_proposal double precision;
+BEGIN
+    PERFORM pg_current_xact_id();  -- a transaction id before the proposal is read (step 2 above)
+    SELECT last_value::double precision / 1048576 INTO v_proposal FROM fairqueue.vtime_proposal;
+    IF NEW.vtime < v_proposal THEN
+        NEW.vtime := v_proposal;
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER channel_vtime_on_insert BEFORE INSERT ON fairqueue.channel
+    FOR EACH ROW EXECUTE FUNCTION fairqueue._clamp_vtime();
+CREATE TRIGGER channel_vtime_on_update BEFORE UPDATE ON fairqueue.channel
+    FOR EACH ROW WHEN (NEW.vtime < OLD.vtime OR (NEW.active AND NOT OLD.active) OR (OLD.paused AND NOT NEW.paused)
+                       OR (OLD.throttled_until IS NOT NULL AND NEW.throttled_until IS NULL)
+                       OR NEW.running < OLD.running OR NEW.max_concurrency IS DISTINCT FROM OLD.max_concurrency)
+    EXECUTE FUNCTION fairqueue._clamp_vtime();
+
+-- Raises the floor when it may (see above) and returns it. Run by a claim after its intake; one
+-- claimer at a time (the others skip it and use the floor as it is). Only under READ COMMITTED, where
+-- each statement sees what committed before it began.
+CREATE FUNCTION fairqueue._advance_vtime_floor()
+RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_floor     double precision := fairqueue._vtime_floor();
+    v_proposal  double precision;
+    v_xid       bigint;
+    v_ended     boolean;
+    v_lowest    double precision;
+    v_new       double precision;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_try_advisory_xact_lock(1718681605, 0) THEN
+        RETURN v_floor;
+    END IF;
+    SELECT last_value::double precision / 1048576 INTO v_proposal FROM fairqueue.vtime_proposal;
+    SELECT last_value INTO v_xid FROM fairqueue.vtime_proposal_xid;
+    -- one statement, one snapshot: have the transactions older than X ended, and the lowest
+    -- eligible vtime now (which sees what they wrote)
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid,
+           (SELECT c.vtime FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= v_floor
+            ORDER BY c.vtime, c.served_at, c.name LIMIT 1)
+    INTO v_ended, v_lowest;
+    IF NOT v_ended THEN
+        RETURN v_floor;
+    END IF;
+    -- step 2 for the last proposal
+    v_new := least(v_proposal, coalesce(v_lowest, v_proposal));
+    IF v_new > v_floor THEN
+        PERFORM setval('fairqueue.vtime_floor', floor(v_new * 1048576)::bigint, true);
+        v_floor := fairqueue._vtime_floor();
+    END IF;
+    -- step 1 of the next one: the proposal, then (a statement later, so a fresh snapshot) X
+    IF v_lowest > v_proposal THEN
+        PERFORM setval('fairqueue.vtime_proposal', floor(v_lowest * 1048576)::bigint, true);
+        PERFORM setval('fairqueue.vtime_proposal_xid', pg_snapshot_xmax(pg_current_snapshot())::text::bigint, true);
+    END IF;
+    RETURN v_floor;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue._vtime_floor(), fairqueue._clamp_vtime(), fairqueue._advance_vtime_floor()
+    FROM PUBLIC;
+
+CREATE FUNCTION fairqueue._idle_channels(p_names text[], p_rows tid[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_free tid[] := '{}';
+BEGIN
+    FOR i IN 1 .. cardinality(p_names) LOOP
+        -- A producer inside an open transaction holds the shared lock and may be adding a job we
+        -- cannot see yet: then the channel stays active.
+        IF pg_try_advisory_xact_lock(1718681601, hashtext(p_names[i])) THEN
+            v_free := v_free || p_rows[i];
+        END IF;
+    END LOOP;
+    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
+    UPDATE fairqueue.channel c SET active = false
+    WHERE c.ctid = ANY (v_free) AND c.active
+      AND (SELECT r.job_id FROM fairqueue.running_job r
+           WHERE r.channel = c.name AND r.worker_id IS NULL
+           ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._idle_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM fairqueue._idle_channels(
+        p_names, ARRAY(SELECT (SELECT c.ctid FROM fairqueue.channel c WHERE c.name = n)
+                       FROM unnest(p_names) WITH ORDINALITY AS u(n, k) ORDER BY u.k));
+END $$;
+
 CREATE OR REPLACE FUNCTION fairqueue._wake_channel(p_channel text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -81,6 +197,385 @@ BEGIN
     END IF;
 END $$;
 
+CREATE OR REPLACE FUNCTION fairqueue._intake(p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_wake    text[];
+    v_place   bigint[];
+    v_id      bigint;
+    v_channel text;
+BEGIN
+    WITH woken AS (
+        DELETE FROM fairqueue.channel_wakeup
+        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING channel
+    ),
+    due AS (
+        DELETE FROM fairqueue.scheduled_job s
+        WHERE s.job_id = ANY (ARRAY(
+            SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
+            ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        RETURNING s.job_id, s.channel, s.attempt
+    ),
+    classified AS (
+        SELECT d.job_id, d.channel, d.attempt, j.priority,
+               (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
+        FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
+        SELECT job_id, channel, attempt, p_now, -priority FROM classified WHERE NOT needs_placement ORDER BY job_id
+        RETURNING channel
+    )
+    SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
+    INTO v_wake, v_place;
+
+    IF v_place IS NOT NULL THEN
+        FOREACH v_id IN ARRAY v_place LOOP
+            v_channel := fairqueue._place(v_id, p_now);
+            IF v_channel IS NOT NULL THEN
+                v_wake := array_append(v_wake, v_channel);
+            END IF;
+        END LOOP;
+    END IF;
+
+    -- Mark woken channels active and lift expired throttles. Rows another transaction holds are
+    -- skipped, never waited for (it may be a configure_channel inside a long transaction): their
+    -- wakeups go back in the table for the next claim. A claimer marking one idle right now holds
+    -- it, so its wakeup is retried after that claimer is done, and wins.
+    WITH lockable AS (
+        SELECT c.name FROM fairqueue.channel c
+        WHERE c.name = ANY (ARRAY(
+            SELECT unnest(v_wake)
+            UNION
+            (SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000)))
+        FOR NO KEY UPDATE SKIP LOCKED
+    ),
+    vnow AS (
+        SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor()
+    ),
+    created AS (
+        INSERT INTO fairqueue.channel (name, active, vtime)
+        SELECT n, true, coalesce((SELECT v FROM vnow), 0)
+        FROM unnest(v_wake) AS n
+        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = n)
+        ORDER BY n
+        ON CONFLICT (name) DO NOTHING
+        RETURNING name
+    ),
+    updated AS (
+        UPDATE fairqueue.channel c
+        SET active = c.active OR coalesce(c.name = ANY (v_wake), false),
+            throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
+            -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
+            -- one leaving a throttle earned no credit while it waited
+            vtime = CASE WHEN NOT c.active AND c.name = ANY (v_wake) THEN coalesce((SELECT v FROM vnow), c.vtime)
+                         WHEN c.throttled_until <= p_now THEN greatest(c.vtime, coalesce((SELECT v FROM vnow), c.vtime))
+                         ELSE c.vtime END
+        WHERE c.name = ANY (ARRAY(SELECT name FROM lockable))
+          AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now)
+    )
+    INSERT INTO fairqueue.channel_wakeup (channel)
+    SELECT n FROM unnest(v_wake) AS n
+    WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._wait_for_busy_channel(p_skip text[])
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_timeout text := current_setting('lock_timeout');
+BEGIN
+    SELECT name INTO v_name FROM fairqueue.channel
+    WHERE eligible AND vtime >= fairqueue._vtime_floor() AND name <> ALL (p_skip)
+    ORDER BY vtime, served_at, name LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM set_config('lock_timeout', '200ms', true);
+        PERFORM 1 FROM fairqueue.channel WHERE name = v_name FOR NO KEY UPDATE;
+        PERFORM set_config('lock_timeout', v_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
+RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
+               timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
+               started_at timestamptz, priority smallint, trace_context jsonb)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+-- one plan for every call: re-planning the candidate query each time cost more than running it
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_left     integer := p_limit;
+    v_round    integer := 0;
+    v_names    text[];
+    v_rows     tid[];
+    v_alloc    integer[];
+    v_vtimes   double precision[];
+    v_weights  integer[];
+    v_tokens   double precision[];
+    v_rates    double precision[];
+    v_got      integer[];
+    v_ids      bigint[];
+    v_slots    double precision[];
+    v_short    text[];
+    v_skip     text[] := '{}';
+    v_waited   boolean := false;
+    v_shared   boolean := false;
+    v_alive    boolean;
+    v_workers  integer;
+    v_spread   integer;
+    v_floor    double precision;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The caller's lease, and how many live workers share the busy channels (below): one statement.
+    SELECT count(*), coalesce(bool_or(w.id = p_worker_id), false) INTO v_workers, v_alive
+    FROM fairqueue.worker w WHERE w.lease_expires_at > v_now;
+    IF NOT v_alive THEN
+        RAISE EXCEPTION 'fairqueue: worker % is not registered or its lease has expired', p_worker_id
+            USING ERRCODE = 'FQ001';
+    END IF;
+
+    -- Three index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
+    IF (SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1) IS NOT NULL
+       OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
+       OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
+           ORDER BY throttled_until LIMIT 1) <= v_now THEN
+        PERFORM fairqueue._intake(v_now);
+    END IF;
+    v_workers := greatest(v_workers, 1);
+    -- Charges left by claims that shared a channel with its holder (see below), paid before the
+    -- channels are put in order; usually there are none.
+    IF (SELECT d.id FROM fairqueue.channel_debt d ORDER BY d.id LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._pay_debts();
+    END IF;
+    -- Where the scans of the fair order begin: no eligible channel is below it (schema/15_vtime_floor.sql).
+    v_floor := fairqueue._advance_vtime_floor();
+
+    -- How many channels this claim takes at most: with fewer busy channels than slots across the
+    -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes
+    -- its share of them (several slots each), and concurrent claims work on different channels.
+    LOOP
+        v_round := v_round + 1;
+        SELECT least(v_left, greatest(1, ceil(count(*)::double precision / v_workers)::integer)) INTO v_spread
+        FROM (SELECT 1 FROM fairqueue.channel
+              WHERE eligible AND vtime >= v_floor AND name <> ALL (v_skip)
+              ORDER BY vtime, served_at, name LIMIT v_left * v_workers) AS e;
+        -- 1. The next channels in fair order, and how many of the batch's slots each one wins.
+        --    Channels another claimer holds are skipped, so concurrent claimers spread out.
+        WITH cand AS MATERIALIZED (
+            SELECT c.ctid AS row_id, c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running,
+                   c.rate_per_second,
+                   CASE WHEN c.rate_per_second IS NOT NULL THEN
+                        least(c.rate_burst,
+                              c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
+                   END AS tokens_now
+            FROM fairqueue.channel c
+            WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
+            ORDER BY c.vtime, c.served_at, c.name
+            LIMIT v_spread
+            FOR NO KEY UPDATE SKIP LOCKED
+        ),
+        room AS (
+            SELECT cand.*,
+                   least(v_left,
+                         coalesce(cand.max_concurrency - cand.running, v_left),
+                         coalesce(floor(cand.tokens_now)::integer, v_left)) AS room,
+                   max(cand.vtime) OVER () AS vmax,
+                   sum(cand.weight) OVER () AS wsum
+            FROM cand
+        ),
+        slots AS (
+            -- each channel's next slots at vtime, vtime + 1/weight, ...; only as many as it could
+            -- possibly win, so this stays O(limit) rows
+            SELECT r.name, r.served_at, r.vtime + g.n::double precision / r.weight AS slot
+            FROM room r
+            CROSS JOIN LATERAL generate_series(0, least(
+                r.room,
+                floor(least((r.vmax - r.vtime) * r.weight, v_left))::integer
+                    + ceil(v_left::double precision * r.weight / r.wsum)::integer + 1
+            ) - 1) AS g(n)
+        ),
+        alloc AS (
+            SELECT s.name, count(*)::integer AS n
+            FROM (SELECT name FROM slots ORDER BY slot, served_at, name LIMIT v_left) AS s
+            GROUP BY s.name
+        )
+        SELECT array_agg(r.name ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.row_id ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(coalesce(a.n, 0) ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.vtime ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name)
+        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
+        FROM room r LEFT JOIN alloc a ON a.name = r.name;
+
+        IF v_names IS NULL THEN
+            -- Every eligible channel is held by another claimer at this instant (typically: fewer
+            -- busy channels than claimers). A channel without a cap or a rate limit needs no exact
+            -- count, so take its next jobs beside the holder (job rows are locked one by one) and
+            -- leave the charge in channel_debt, which the next holder of the row adds to its
+            -- virtual time. Only capped or rate-limited channels are waited for, once.
+            --    The unlimited-ness is read without the row, so first a shared lock on the channel's
+            --    settings (configure_channel holds it exclusively until it commits; a channel being
+            --    configured is skipped), then, in a new statement with a fresh snapshot, the
+            --    settings again: a cap or rate limit set meanwhile would not count the jobs taken here.
+            SELECT array_agg(s.name ORDER BY s.vtime, s.served_at, s.name)
+            INTO v_names
+            FROM (SELECT c.name, c.vtime, c.served_at FROM fairqueue.channel c
+                  WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
+                    AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL
+                  ORDER BY c.vtime, c.served_at, c.name
+                  LIMIT v_spread) AS s
+            WHERE pg_try_advisory_xact_lock_shared(1718681603, hashtext(s.name));
+            SELECT array_agg(c.name ORDER BY u.i), array_agg(c.vtime ORDER BY u.i), array_agg(c.weight ORDER BY u.i)
+            INTO v_names, v_vtimes, v_weights
+            FROM unnest(v_names) WITH ORDINALITY AS u(name, i)
+            JOIN fairqueue.channel c ON c.name = u.name
+            WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL;
+            IF v_names IS NULL THEN
+                -- Not once this claim has idled channels: it holds their exclusive locks until it
+                -- commits, and a producer enqueueing into one of them would wait with it.
+                EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
+                v_waited := true;
+                CONTINUE;
+            END IF;
+            v_shared := true;
+            v_rows := NULL;  -- not held: charged as debts, never idled here
+            -- the slots in equal parts, the first channels in fair order taking the remainder
+            v_alloc := ARRAY(SELECT v_left / cardinality(v_names)
+                                    + CASE WHEN i <= v_left % cardinality(v_names) THEN 1 ELSE 0 END
+                             FROM generate_subscripts(v_names, 1) AS i ORDER BY i);
+            v_tokens := array_fill(NULL::double precision, ARRAY[cardinality(v_names)]);
+            v_rates := v_tokens;
+        ELSE
+            v_shared := false;
+        END IF;
+
+        -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher
+        --    priority first, then enqueue order), and look whether more remain behind them.
+        --    One statement: which jobs each channel gave, their slots, and which channels came up short.
+        WITH heads AS MATERIALIZED (
+            SELECT u.i, u.name, u.n, coalesce(p.ids, '{}') AS ids,
+                   -- more behind them? the next index entry (EXISTS could plan a scan over dead pages)
+                   u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                                WHERE r.channel = u.name AND r.worker_id IS NULL
+                                  AND (r.rank, r.job_id) > (coalesce(p.ranks[cardinality(p.ranks)], -32768),
+                                                            coalesce(p.ids[cardinality(p.ids)], 0))
+                                ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL AS more
+            FROM unnest(v_names, v_alloc) WITH ORDINALITY AS u(name, n, i)
+            CROSS JOIN LATERAL (
+                SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids,
+                       array_agg(h.rank ORDER BY h.rank, h.job_id) AS ranks
+                FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
+                      WHERE u.n > 0 AND r.channel = u.name AND r.worker_id IS NULL
+                      ORDER BY r.channel, r.rank, r.job_id
+                      LIMIT u.n
+                      FOR UPDATE SKIP LOCKED) AS h
+            ) AS p
+        ),
+        taken AS (
+            SELECT h.i, x.k, x.id, v_vtimes[h.i] + (x.k - 1)::double precision / v_weights[h.i] AS slot
+            FROM heads h CROSS JOIN LATERAL unnest(h.ids) WITH ORDINALITY AS x(id, k)
+        )
+        SELECT (SELECT array_agg(cardinality(h.ids) ORDER BY h.i) FROM heads h),
+               coalesce((SELECT array_agg(t.id ORDER BY t.i, t.k) FROM taken t), '{}'),
+               coalesce((SELECT array_agg(t.slot ORDER BY t.i, t.k) FROM taken t), '{}'),
+               coalesce((SELECT array_agg(h.name ORDER BY h.i) FROM heads h
+                         WHERE h.n > 0 AND (cardinality(h.ids) < h.n OR NOT h.more)), '{}')
+        INTO v_got, v_ids, v_slots, v_short;
+
+        -- 3. Charge the channels (virtual time, running count, rate tokens) and hand the jobs out,
+        --    in slot order. A shared take leaves its charge as a debt instead.
+        IF cardinality(v_ids) > 0 OR coalesce(1 > ANY (v_tokens), false) THEN
+            IF NOT v_shared THEN
+                -- The rows by address (ctid), which the claim holds: under a held snapshot a look-up
+                -- by name walks every version of the row that the claims since have written. The new
+                -- addresses replace the old ones, for _idle_channels below.
+                WITH charged AS (
+                    UPDATE fairqueue.channel c
+                    SET vtime = c.vtime + u.got::double precision / c.weight,
+                        served_at = CASE WHEN u.got > 0 THEN v_now ELSE c.served_at END,
+                        running = CASE WHEN c.max_concurrency IS NULL THEN c.running ELSE c.running + u.got END,
+                        tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
+                        tokens_at = CASE WHEN u.tokens_now IS NULL THEN c.tokens_at ELSE v_now END,
+                        throttled_until = CASE
+                            WHEN u.tokens_now IS NOT NULL AND u.tokens_now - u.got < 1
+                            THEN v_now + make_interval(secs => (1 - (u.tokens_now - u.got)) / u.rate)
+                            END
+                    FROM unnest(v_rows, v_got, v_tokens, v_rates) AS u(row_id, got, tokens_now, rate)
+                    WHERE c.ctid = ANY (v_rows) AND c.ctid = u.row_id
+                      AND (u.got > 0 OR u.tokens_now < 1)
+                    RETURNING u.row_id AS old_row, c.ctid AS new_row
+                )
+                SELECT array_agg(coalesce(ch.new_row, r.row_id) ORDER BY r.i) INTO v_rows
+                FROM unnest(v_rows) WITH ORDINALITY AS r(row_id, i) LEFT JOIN charged ch ON ch.old_row = r.row_id;
+            END IF;
+            RETURN QUERY
+                WITH debts AS (
+                    INSERT INTO fairqueue.channel_debt (channel, vtime)
+                    SELECT u.name, u.got::double precision / u.weight
+                    FROM unnest(v_names, v_got, v_weights) AS u(name, got, weight)
+                    WHERE v_shared AND u.got > 0
+                ),
+                claimed AS (
+                    UPDATE fairqueue.running_job rj
+                    SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
+                    WHERE rj.job_id = ANY (v_ids)
+                    RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
+                )
+                SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
+                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context
+                FROM claimed c
+                JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
+                CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j
+                ORDER BY u.slot, u.pos;
+            v_left := v_left - cardinality(v_ids);
+        END IF;
+        IF cardinality(v_short) > 0 THEN
+            IF NOT v_shared THEN
+                -- only the holder of a channel's row may idle it
+                PERFORM fairqueue._idle_channels(v_short, ARRAY(SELECT v_rows[array_position(v_names, n)]
+                                                                FROM unnest(v_short) WITH ORDINALITY AS s(n, k)
+                                                                ORDER BY s.k));
+                v_waited := true;  -- and never wait for a busy channel after it (see above)
+            END IF;
+            v_skip := v_skip || v_short;
+        END IF;
+        EXIT WHEN v_left <= 0 OR v_round >= 8;
+        EXIT WHEN cardinality(v_ids) = 0 AND cardinality(v_short) = 0;  -- no room left (caps, rates)
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.next_due()
+RETURNS double precision
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        -- a channel that can run something now: claim again soon (its jobs may be in flight)
+        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
+              ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        ELSE extract(epoch FROM least(
+            (SELECT min(run_at) FROM fairqueue.scheduled_job),
+            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL))
+            - clock_timestamp())
+    END
+$$;
+
 CREATE OR REPLACE FUNCTION fairqueue._release_slots(p_released text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -98,7 +593,8 @@ BEGIN
         -- leaving saturation: no credit was earned while at the cap
         vtime = CASE WHEN c.running >= c.max_concurrency AND c.running - r.n < c.max_concurrency
                      THEN greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e
-                                                      WHERE e.eligible), c.vtime))
+                                                      WHERE e.eligible AND e.vtime >= fairqueue._vtime_floor()),
+                                                     c.vtime))
                      ELSE c.vtime END
     FROM (SELECT l.name, g.n
           FROM (SELECT name FROM fairqueue.channel
@@ -107,6 +603,64 @@ BEGIN
           JOIN (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS g
             USING (name)) AS r
     WHERE c.name = r.name;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.configure_channel(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1,
+    p_weight           integer DEFAULT 1,
+    p_paused           boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_vnow     double precision;
+    v_old_cap  integer;
+    v_running  integer;
+BEGIN
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
+    END IF;
+    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
+    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
+    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
+    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
+    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
+                                        paused, tokens, tokens_at, vtime)
+    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
+            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
+            coalesce(v_vnow, 0))
+    ON CONFLICT (name) DO UPDATE SET
+        weight = EXCLUDED.weight,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        paused = EXCLUDED.paused,
+        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE c.tokens_at END,
+        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
+                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                               THEN NULL ELSE c.throttled_until END,
+        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+
+    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
+    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
+    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
+    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
+        SELECT count(*) INTO v_running
+        FROM (SELECT 1 FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
+        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
+    ELSIF p_max_concurrency IS NULL THEN
+        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
+    PERFORM pg_notify('fairqueue', '');
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue.ensure_completed_partitions(p_days_ahead integer DEFAULT 3, p_from date DEFAULT NULL)
@@ -161,3 +715,5 @@ BEGIN
     END LOOP;
     RETURN v_created;
 END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue._idle_channels(text[], tid[]) FROM PUBLIC;

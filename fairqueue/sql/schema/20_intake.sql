@@ -64,7 +64,7 @@ BEGIN
         FOR NO KEY UPDATE SKIP LOCKED
     ),
     vnow AS (
-        SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible
+        SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor()
     ),
     created AS (
         INSERT INTO fairqueue.channel (name, active, vtime)

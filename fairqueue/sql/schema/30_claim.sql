@@ -43,26 +43,38 @@ END $$;
 -- shared while it relies on the channel being active), and only if a fresh snapshot still finds no
 -- ready job. The "no ready job left" check probes the next index entry: NOT EXISTS could be planned
 -- as a scan over the table, which reads every dead row a fast drain leaves behind.
-CREATE FUNCTION fairqueue._idle_channels(p_names text[])
+-- The claimer holds the rows and passes their addresses (p_rows, ctid): a look-up by name would walk
+-- every version of the row that a held snapshot keeps (see the claim).
+CREATE FUNCTION fairqueue._idle_channels(p_names text[], p_rows tid[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_name text;
-    v_free text[] := '{}';
+    v_free tid[] := '{}';
 BEGIN
-    FOREACH v_name IN ARRAY p_names LOOP
+    FOR i IN 1 .. cardinality(p_names) LOOP
         -- A producer inside an open transaction holds the shared lock and may be adding a job we
         -- cannot see yet: then the channel stays active.
-        IF pg_try_advisory_xact_lock(1718681601, hashtext(v_name)) THEN
-            v_free := v_free || v_name;
+        IF pg_try_advisory_xact_lock(1718681601, hashtext(p_names[i])) THEN
+            v_free := v_free || p_rows[i];
         END IF;
     END LOOP;
     -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
     UPDATE fairqueue.channel c SET active = false
-    WHERE c.name = ANY (v_free) AND c.active
+    WHERE c.ctid = ANY (v_free) AND c.active
       AND (SELECT r.job_id FROM fairqueue.running_job r
            WHERE r.channel = c.name AND r.worker_id IS NULL
            ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL;
+END $$;
+
+-- The same for channels given by name, for callers that do not hold the rows' addresses (a row
+-- updated since its address was read is left active, which is always safe: the next claim looks again).
+CREATE FUNCTION fairqueue._idle_channels(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM fairqueue._idle_channels(
+        p_names, ARRAY(SELECT (SELECT c.ctid FROM fairqueue.channel c WHERE c.name = n)
+                       FROM unnest(p_names) WITH ORDINALITY AS u(n, k) ORDER BY u.k));
 END $$;
 
 -- Waits (briefly, bounded by lock_timeout) for the best eligible channel that another claimer holds
@@ -75,7 +87,8 @@ DECLARE
     v_timeout text := current_setting('lock_timeout');
 BEGIN
     SELECT name INTO v_name FROM fairqueue.channel
-    WHERE eligible AND name <> ALL (p_skip) ORDER BY vtime, served_at, name LIMIT 1;
+    WHERE eligible AND vtime >= fairqueue._vtime_floor() AND name <> ALL (p_skip)
+    ORDER BY vtime, served_at, name LIMIT 1;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
@@ -118,6 +131,7 @@ DECLARE
     v_left     integer := p_limit;
     v_round    integer := 0;
     v_names    text[];
+    v_rows     tid[];
     v_alloc    integer[];
     v_vtimes   double precision[];
     v_weights  integer[];
@@ -133,6 +147,7 @@ DECLARE
     v_alive    boolean;
     v_workers  integer;
     v_spread   integer;
+    v_floor    double precision;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
@@ -160,6 +175,8 @@ BEGIN
     IF (SELECT d.id FROM fairqueue.channel_debt d ORDER BY d.id LIMIT 1) IS NOT NULL THEN
         PERFORM fairqueue._pay_debts();
     END IF;
+    -- Where the scans of the fair order begin: no eligible channel is below it (schema/15_vtime_floor.sql).
+    v_floor := fairqueue._advance_vtime_floor();
 
     -- How many channels this claim takes at most: with fewer busy channels than slots across the
     -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes
@@ -168,17 +185,19 @@ BEGIN
         v_round := v_round + 1;
         SELECT least(v_left, greatest(1, ceil(count(*)::double precision / v_workers)::integer)) INTO v_spread
         FROM (SELECT 1 FROM fairqueue.channel
-              WHERE eligible AND name <> ALL (v_skip) LIMIT v_left * v_workers) AS e;
+              WHERE eligible AND vtime >= v_floor AND name <> ALL (v_skip)
+              ORDER BY vtime, served_at, name LIMIT v_left * v_workers) AS e;
         -- 1. The next channels in fair order, and how many of the batch's slots each one wins.
         --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
-            SELECT c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running, c.rate_per_second,
+            SELECT c.ctid AS row_id, c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running,
+                   c.rate_per_second,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
                               c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
                    END AS tokens_now
             FROM fairqueue.channel c
-            WHERE c.eligible AND c.name <> ALL (v_skip)
+            WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
             ORDER BY c.vtime, c.served_at, c.name
             LIMIT v_spread
             FOR NO KEY UPDATE SKIP LOCKED
@@ -209,12 +228,13 @@ BEGIN
             GROUP BY s.name
         )
         SELECT array_agg(r.name ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.row_id ORDER BY r.vtime, r.served_at, r.name),
                array_agg(coalesce(a.n, 0) ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.vtime ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name)
-        INTO v_names, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
+        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
         FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
         IF v_names IS NULL THEN
@@ -230,7 +250,7 @@ BEGIN
             SELECT array_agg(s.name ORDER BY s.vtime, s.served_at, s.name)
             INTO v_names
             FROM (SELECT c.name, c.vtime, c.served_at FROM fairqueue.channel c
-                  WHERE c.eligible AND c.name <> ALL (v_skip)
+                  WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
                     AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL
                   ORDER BY c.vtime, c.served_at, c.name
                   LIMIT v_spread) AS s
@@ -248,6 +268,7 @@ BEGIN
                 CONTINUE;
             END IF;
             v_shared := true;
+            v_rows := NULL;  -- not held: charged as debts, never idled here
             -- the slots in equal parts, the first channels in fair order taking the remainder
             v_alloc := ARRAY(SELECT v_left / cardinality(v_names)
                                     + CASE WHEN i <= v_left % cardinality(v_names) THEN 1 ELSE 0 END
@@ -294,14 +315,11 @@ BEGIN
         -- 3. Charge the channels (virtual time, running count, rate tokens) and hand the jobs out,
         --    in slot order. A shared take leaves its charge as a debt instead.
         IF cardinality(v_ids) > 0 OR coalesce(1 > ANY (v_tokens), false) THEN
-            RETURN QUERY
-                WITH debts AS (
-                    INSERT INTO fairqueue.channel_debt (channel, vtime)
-                    SELECT u.name, u.got::double precision / u.weight
-                    FROM unnest(v_names, v_got, v_weights) AS u(name, got, weight)
-                    WHERE v_shared AND u.got > 0
-                ),
-                charged AS (
+            IF NOT v_shared THEN
+                -- The rows by address (ctid), which the claim holds: under a held snapshot a look-up
+                -- by name walks every version of the row that the claims since have written. The new
+                -- addresses replace the old ones, for _idle_channels below.
+                WITH charged AS (
                     UPDATE fairqueue.channel c
                     SET vtime = c.vtime + u.got::double precision / c.weight,
                         served_at = CASE WHEN u.got > 0 THEN v_now ELSE c.served_at END,
@@ -312,9 +330,20 @@ BEGIN
                             WHEN u.tokens_now IS NOT NULL AND u.tokens_now - u.got < 1
                             THEN v_now + make_interval(secs => (1 - (u.tokens_now - u.got)) / u.rate)
                             END
-                    FROM unnest(v_names, v_got, v_tokens, v_rates) AS u(name, got, tokens_now, rate)
-                    WHERE NOT v_shared AND c.name = ANY (v_names) AND c.name = u.name
+                    FROM unnest(v_rows, v_got, v_tokens, v_rates) AS u(row_id, got, tokens_now, rate)
+                    WHERE c.ctid = ANY (v_rows) AND c.ctid = u.row_id
                       AND (u.got > 0 OR u.tokens_now < 1)
+                    RETURNING u.row_id AS old_row, c.ctid AS new_row
+                )
+                SELECT array_agg(coalesce(ch.new_row, r.row_id) ORDER BY r.i) INTO v_rows
+                FROM unnest(v_rows) WITH ORDINALITY AS r(row_id, i) LEFT JOIN charged ch ON ch.old_row = r.row_id;
+            END IF;
+            RETURN QUERY
+                WITH debts AS (
+                    INSERT INTO fairqueue.channel_debt (channel, vtime)
+                    SELECT u.name, u.got::double precision / u.weight
+                    FROM unnest(v_names, v_got, v_weights) AS u(name, got, weight)
+                    WHERE v_shared AND u.got > 0
                 ),
                 claimed AS (
                     UPDATE fairqueue.running_job rj
@@ -332,7 +361,10 @@ BEGIN
         END IF;
         IF cardinality(v_short) > 0 THEN
             IF NOT v_shared THEN
-                PERFORM fairqueue._idle_channels(v_short);  -- only the holder of a channel's row may idle it
+                -- only the holder of a channel's row may idle it
+                PERFORM fairqueue._idle_channels(v_short, ARRAY(SELECT v_rows[array_position(v_names, n)]
+                                                                FROM unnest(v_short) WITH ORDINALITY AS s(n, k)
+                                                                ORDER BY s.k));
                 v_waited := true;  -- and never wait for a busy channel after it (see above)
             END IF;
             v_skip := v_skip || v_short;
@@ -349,7 +381,7 @@ RETURNS double precision
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE
         -- a channel that can run something now: claim again soon (its jobs may be in flight)
-        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible
+        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
               ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
         ELSE extract(epoch FROM least(
             (SELECT min(run_at) FROM fairqueue.scheduled_job),

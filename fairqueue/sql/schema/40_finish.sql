@@ -25,7 +25,8 @@ BEGIN
         -- leaving saturation: no credit was earned while at the cap
         vtime = CASE WHEN c.running >= c.max_concurrency AND c.running - r.n < c.max_concurrency
                      THEN greatest(c.vtime, coalesce((SELECT min(e.vtime) FROM fairqueue.channel e
-                                                      WHERE e.eligible), c.vtime))
+                                                      WHERE e.eligible AND e.vtime >= fairqueue._vtime_floor()),
+                                                     c.vtime))
                      ELSE c.vtime END
     FROM (SELECT l.name, g.n
           FROM (SELECT name FROM fairqueue.channel

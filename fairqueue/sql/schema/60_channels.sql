@@ -33,7 +33,7 @@ BEGIN
     -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
     PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
     SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
-    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
     INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
                                         paused, tokens, tokens_at, vtime)
     VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,

@@ -74,7 +74,8 @@ def test_a_channel_woken_while_nothing_else_is_eligible_joins_at_the_floor(
     fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 50)
     while _claim_one(conn, worker) is not None:  # bob alone: the floor follows him up
         pass
-    assert _floor(conn) > conn.execute("SELECT vtime FROM fairqueue.channel WHERE name = 'alice'").fetchone()[0]
+    row = conn.execute("SELECT fairqueue._vtime_floor() > vtime FROM fairqueue.channel WHERE name = 'alice'")
+    assert row.fetchone() == (True,)
     alice = fairqueue.enqueue(conn, "k", channel="alice")  # nothing is eligible: she keeps her own vtime...
     claimed = _claim_one(conn, worker)  # ... raised to the floor's proposal, so the claim finds her
     assert claimed is not None and claimed.id == alice

@@ -15,8 +15,9 @@ goes on --after seconds past the hold. Measured per window (before / during / af
 the database's own timestamps: the producers' rate and enqueue->start p50/p95/max; and every
 --sample-every seconds the hot tables' size (pg_total_relation_size) and dead rows.
 
-Targets (issue 16, fairqueue): p95 during the hold within 2x of p95 before it, producers keep their
-rate (>= 95% of it), and the hot tables' dead rows back to under 10% of their peak by the end.
+Targets (issue 16, fairqueue): p95 during the hold within 2x of p95 before it (3x for a hold of 10
+minutes or more: `--hold 600 --fairqueue-only`), producers keep their rate (>= 95% of it), and the hot
+tables' dead rows back to under 10% of their peak by the end.
 
 Writes benchmarks/results/held_snapshot-<time>.json and appends a section to docs/benchmarks.md.
 """
@@ -39,8 +40,14 @@ from benchmarks.soak import tables
 from benchmarks.steady import window
 
 P95_RATIO = 2.0
+P95_RATIO_LONG = 3.0  # for a hold of LONG_HOLD seconds or more
+LONG_HOLD = 600.0
 RATE_KEPT = 0.95
 DEAD_LEFT = 0.10
+
+
+def _p95_target(hold: float) -> float:
+    return P95_RATIO_LONG if hold >= LONG_HOLD else P95_RATIO
 
 
 def _sizes(conn: psycopg.Connection[Any], key: str, t0: float) -> dict[str, Any]:
@@ -113,7 +120,7 @@ def run_one(run: Run, system: System, channels: int, args: Any) -> dict[str, Any
             backlog = scalar(conn, system.unfinished_sql)
     finally:
         workers.stop()
-    return judge(system, channels, windows, samples, producers, backlog)
+    return judge(system, channels, windows, samples, producers, backlog, p95_target=_p95_target(args.hold))
 
 
 def judge(
@@ -123,6 +130,7 @@ def judge(
     samples: list[dict[str, Any]],
     producers: list[dict[str, Any]],
     backlog: int,
+    p95_target: float = P95_RATIO,
 ) -> dict[str, Any]:
     before, hold = windows["before"], windows["hold"]
     p95_ratio = hold["p95_ms"] / before["p95_ms"] if hold["p95_ms"] and before["p95_ms"] else None
@@ -134,7 +142,7 @@ def judge(
     bytes_peak = max((s["bytes"] for s in samples), default=0)
     met = None
     if system.key == "fairqueue" and p95_ratio is not None and rate_kept is not None:
-        met = p95_ratio <= P95_RATIO and rate_kept >= RATE_KEPT and end["dead"] <= DEAD_LEFT * max(peak_dead, 1)
+        met = p95_ratio <= p95_target and rate_kept >= RATE_KEPT and end["dead"] <= DEAD_LEFT * max(peak_dead, 1)
     return {
         "system": system.label,
         "key": system.key,
@@ -192,6 +200,7 @@ def main() -> None:
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between table samples (default 5)")
     p.add_argument("--producers", type=int, default=4, help="producer processes (default 4)")
     p.add_argument("--with-floor", action="store_true", help="also run the fair SQL floor (benchmarks/floor.py)")
+    p.add_argument("--fairqueue-only", action="store_true", help="run fairqueue alone (e.g. for a 10-minute hold)")
     worker_options(p, concurrency=50, batch=50)
     args = p.parse_args()
     quick = args.quick
@@ -207,6 +216,8 @@ def main() -> None:
         systems = side_by_side(run.python, args.processes, args.concurrency, args.batch)
         if args.with_floor:
             systems.append(Floor(args.processes, args.batch))
+        if args.fairqueue_only:
+            systems = [s for s in systems if s.key == "fairqueue"]
         results = []
         for i, channels in enumerate(counts):
             for system in systems[i % len(systems) :] + systems[: i % len(systems)]:
@@ -231,8 +242,8 @@ def main() -> None:
                 f"per system, claim batch {args.batch}. Load {args.before:g} s before the hold, {args.hold:g} s "
                 f"during it, {args.after:g} s after; hot tables sampled every {args.sample_every:g} s (sizes "
                 "with indexes and TOAST; dead rows from pg_stat_user_tables). Targets (fairqueue): p95 during "
-                f"the hold <= {P95_RATIO:g}x before, producers >= {RATE_KEPT:.0%} of their rate, dead rows at "
-                f"the end <= {DEAD_LEFT:.0%} of their peak.",
+                f"the hold <= {_p95_target(args.hold):g}x before, producers >= {RATE_KEPT:.0%} of their rate, "
+                f"dead rows at the end <= {DEAD_LEFT:.0%} of their peak.",
             ],
         )
 

@@ -10,7 +10,8 @@ of the producer's channel lookup (_wake_channel's `SELECT ... FROM fairqueue.cha
 name = ... AND active`, and the same look-up in the channel row, which producers read before schema
 revision fq0011); the channel table's size and updates (HOT or not); and where one claim of 50 reads
 its buffers, relation by relation (a claim in a transaction that is rolled back, so no job is taken;
-PostgreSQL's per-transaction counters). Prints only; it is a diagnostic, not a workload with targets.
+PostgreSQL's per-transaction counters); and, sampled during the hold, what the producers' statements
+wait for. Prints only; it is a diagnostic, not a workload with targets.
 """
 
 from __future__ import annotations
@@ -64,6 +65,25 @@ def enqueue_ms(url: str, n: int = 200) -> tuple[float, float]:
     return round(q[49], 2), round(q[94], 2)
 
 
+WAITS = (
+    "SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU'), count(*) FROM pg_stat_activity "
+    "WHERE state = 'active' AND query LIKE '%%enqueue%%' AND pid <> pg_backend_pid() GROUP BY 1"
+)
+
+
+def producer_waits(conn: psycopg.Connection[Any], seconds: float) -> str:
+    """Samples, every 20 ms for ``seconds``, what the producers' statements are doing (waiting for a
+    lock, for I/O, for the WAL, or running), and returns the shares."""
+    counts: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for what, n in conn.execute(WAITS).fetchall():
+            counts[what] = counts.get(what, 0) + n
+        time.sleep(0.02)
+    total = sum(counts.values()) or 1
+    return ", ".join(f"{what} {n / total:.0%}" for what, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def claim_reads(url: str, worker: int) -> str:
     """Buffers one claim of 50 reads, by relation (its transaction is rolled back: nothing is taken)."""
     with psycopg.connect(url) as conn:
@@ -114,7 +134,7 @@ def main() -> None:
                 with psycopg.connect(url) as holder:
                     holder.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
                     holder.execute("SELECT count(*) FROM pg_class").fetchone()
-                    time.sleep(args.hold)
+                    print(f"producers' waits during the hold: {producer_waits(conn, args.hold)}", flush=True)
                     look(conn, url, f"after {args.hold:g} s of the hold", worker)
                     holder.rollback()
                 producing.result()

@@ -12,6 +12,8 @@ Reads are counted with PostgreSQL's per-transaction counters, not timed.
 
 from __future__ import annotations
 
+import random
+import threading
 from typing import Any
 
 import psycopg
@@ -100,4 +102,134 @@ def test_the_floor_waits_for_an_open_transaction_that_makes_a_channel_eligible(
     row = conn.execute("SELECT vtime >= fairqueue._vtime_floor() FROM fairqueue.channel WHERE name = 'alice'")
     assert row.fetchone() == (True,)
     claimed = _claim_one(conn, worker)  # alice is 40 turns behind bob: hers is the next job
+    assert claimed is not None and claimed.id == alice
+
+
+# The wakeups' floor (schema/16_wakeup_floor.sql): claims look for wakeup rows from it.
+
+
+def _wakeup_reads(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "SELECT pg_stat_get_xact_blocks_fetched('fairqueue.channel_wakeup'::regclass)"
+        " + pg_stat_get_xact_blocks_fetched('fairqueue.channel_wakeup_pkey'::regclass)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_claim_under_a_held_snapshot_does_not_walk_the_consumed_wakeups(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    def wake_and_claim() -> None:  # alice is idle: her job comes with a wakeup, which the claim consumes
+        fairqueue.enqueue(conn, "k", channel="alice")
+        assert _claim_one(conn, worker) is not None
+
+    def claim_reads() -> int:
+        fairqueue.enqueue(conn, "k", channel="alice")
+        claimer = connect(autocommit=False)
+        before = _wakeup_reads(claimer)
+        assert len(fairqueue.claim_batch(claimer, worker, 1)) == 1
+        read = _wakeup_reads(claimer) - before
+        claimer.rollback()
+        claimer.close()
+        assert _claim_one(conn, worker) is not None
+        return read
+
+    held = connect(autocommit=False, isolation="repeatable read")
+    held.execute("SELECT count(*) FROM fairqueue.worker").fetchone()  # the snapshot is taken and kept
+    for _ in range(600):  # (the id index has its third level by then)
+        wake_and_claim()
+    reads = claim_reads()
+    for _ in range(700):  # 700 more consumed wakeups that no vacuum may remove
+        wake_and_claim()
+    assert claim_reads() <= reads + 1
+    held.rollback()
+
+
+def test_the_wakeup_floor_waits_for_an_open_producer(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    producer = connect(autocommit=False)
+    alice = fairqueue.enqueue(producer, "k", channel="alice")  # a wakeup with a low id, not committed
+    for _ in range(50):  # bob's wakeups come after it, and are consumed
+        fairqueue.enqueue(conn, "k", channel="bob")
+        claimed = _claim_one(conn, worker)
+        assert claimed is not None and claimed.channel == "bob"
+    producer.commit()
+    claimed = _claim_one(conn, worker)  # the floor waited for alice's producer: her wakeup is found
+    assert claimed is not None and claimed.id == alice
+
+
+def test_concurrent_producers_and_claimers_leave_nothing_below_either_floor(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Both floors under real concurrency: claimers raise them while producers wake channels and
+    other claims activate, charge and idle them. Every job is claimed (nothing is stranded below a
+    floor), and at the end no eligible channel and no wakeup lies below its floor."""
+    channels, per_producer, producers, claimers = 40, 300, 2, 3
+    start = threading.Barrier(producers + claimers)
+    produced = threading.Event()
+    claimed: list[int] = []
+    lock = threading.Lock()
+    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(claimers)]
+
+    def produce(seed: int) -> None:
+        rng = random.Random(seed)
+        db = connect()
+        start.wait()
+        for _ in range(per_producer):  # one job per transaction, into a channel that has often just idled
+            fairqueue.enqueue(db, "k", channel=f"c{rng.randrange(channels)}")
+
+    def claim(worker_id: int) -> None:
+        db = connect()
+        start.wait()
+        empty_after_production = 0
+        while empty_after_production < 50:
+            jobs = fairqueue.claim_batch(db, worker_id, 5)
+            if jobs:
+                fairqueue.finish(db, worker_id, [fairqueue.Outcome(j.id) for j in jobs])
+                with lock:
+                    claimed.extend(j.id for j in jobs)
+            elif produced.is_set():
+                empty_after_production += 1
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(producers)]
+    threads += [threading.Thread(target=claim, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads[:producers]:
+        t.join()
+    produced.set()
+    for t in threads[producers:]:
+        t.join()
+    assert len(claimed) == len(set(claimed)) == producers * per_producer
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM fairqueue.channel WHERE eligible AND vtime < fairqueue._vtime_floor()),"
+        " (SELECT count(*) FROM fairqueue.channel_wakeup WHERE id < fairqueue._wakeup_floor()),"
+        " (SELECT count(*) FROM fairqueue.job)"
+    ).fetchone()
+    assert row == (0, 0, 0)
+
+
+def test_the_floor_waits_for_an_open_transaction_newer_than_every_completed_one(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """The open transaction that makes alice eligible is the newest one to have a transaction id when
+    the next floor is proposed: every transaction that completed since is older (a claim that began
+    before it). A snapshot's xmax does not cover it; the floor must wait for it all the same."""
+    fairqueue.configure_channel(conn, "alice", paused=True)
+    alice = fairqueue.enqueue(conn, "k", channel="alice")
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": "bob"}] * 60)
+    assert _claim_one(conn, worker) is not None  # bob is active
+    older = connect(autocommit=False)
+    held_back = fairqueue.claim_batch(older, worker, 20)  # charges bob 20, not committed yet
+    assert len(held_back) == 20
+    operator = connect(autocommit=False)
+    fairqueue.configure_channel(operator, "alice", paused=False)  # alice joins at bob's committed vtime
+    older.commit()  # an older transaction completes: bob's vtime is 20 ahead of alice's
+    for _ in range(10):  # bob runs on; the floor may not pass alice while her transaction is open
+        claimed = _claim_one(conn, worker)
+        assert claimed is not None and claimed.channel == "bob"
+    operator.commit()
+    claimed = _claim_one(conn, worker)
     assert claimed is not None and claimed.id == alice

@@ -1,5 +1,5 @@
 -- fairqueue schema, back from revision fq0011 to fq0010: producers read channel.active again, and
--- the fair order is scanned from its lowest virtual time.
+-- the fair order and the wakeups are scanned from their beginning.
 
 DROP FUNCTION fairqueue._idle_channels(text[], tid[]);
 
@@ -138,6 +138,21 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.promote_due_jobs()
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._wait_for_busy_channel(p_skip text[])
@@ -548,11 +563,19 @@ BEGIN
     RETURN v_created;
 END $$;
 
+DROP TRIGGER channel_wakeup_xid ON fairqueue.channel_wakeup;
+DROP FUNCTION fairqueue._advance_wakeup_floor();
+DROP FUNCTION fairqueue._xid_before_wakeup_ids();
+DROP FUNCTION fairqueue._wakeup_floor();
+DROP SEQUENCE fairqueue.wakeup_proposal_xid;
+DROP SEQUENCE fairqueue.wakeup_proposal;
+DROP SEQUENCE fairqueue.wakeup_floor;
 DROP TRIGGER channel_vtime_on_update ON fairqueue.channel;
 DROP TRIGGER channel_vtime_on_insert ON fairqueue.channel;
 DROP FUNCTION fairqueue._advance_vtime_floor();
 DROP FUNCTION fairqueue._clamp_vtime();
 DROP FUNCTION fairqueue._vtime_floor();
+DROP FUNCTION fairqueue._next_xid();
 DROP SEQUENCE fairqueue.vtime_proposal_xid;
 DROP SEQUENCE fairqueue.vtime_proposal;
 DROP SEQUENCE fairqueue.vtime_floor;

@@ -10,6 +10,8 @@
 -- * The claim's scans for the least-served channels walked the entries of every old version in
 --   channel_eligible_idx. They now begin at a floor that no eligible channel is below, kept in
 --   sequences (written in place) and raised by claims (schema/15_vtime_floor.sql says why it is safe).
+-- * Claims looked for wakeup rows from the first id, walking every consumed one the snapshot kept;
+--   they now look from a floor of their own (schema/16_wakeup_floor.sql).
 --
 -- Also: a finish that frees no capped channel's slot no longer reads the rows of the channels it
 -- finished jobs of (channel_capped_idx), and creating history partitions takes an advisory lock of
@@ -56,9 +58,26 @@ BEGIN
 END $grants$;
 
 -- The floor starts at 0, below every virtual time.
+-- They belong to channel.vtime: TRUNCATE fairqueue.channel RESTART IDENTITY starts them again at 0.
 CREATE SEQUENCE fairqueue.vtime_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
 CREATE SEQUENCE fairqueue.vtime_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
 CREATE SEQUENCE fairqueue.vtime_proposal_xid MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
+
+-- A transaction id above every one handed out so far (the X of step 1). A snapshot's xmax is only
+-- past the last transaction that *completed*: one still running may hold a higher id, and if it read
+-- an older proposal, a floor that did not wait for it could pass the channel it makes eligible. Every
+-- transaction with an id holds the lock on it until it ends, so the newest id held in pg_locks counts
+-- too (ids in pg_locks have 32 bits: the newest is placed relative to xmax with age(), whose
+-- reference cancels out).
+CREATE FUNCTION fairqueue._next_xid()
+RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(s.xmax, s.xmax + age(s.xmax32) - (
+               SELECT min(age(l.transactionid)) FROM pg_locks l
+               WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted) + 1)
+    FROM (SELECT x.xmax, (x.xmax % 4294967296)::text::xid AS xmax32
+          FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) AS x) AS s
+$$;
 
 -- The floor: no eligible channel has a lower vtime.
 CREATE FUNCTION fairqueue._vtime_floor()
@@ -129,13 +148,85 @@ BEGIN
     -- step 1 of the next one: the proposal, then (a statement later, so a fresh snapshot) X
     IF v_lowest > v_proposal THEN
         PERFORM setval('fairqueue.vtime_proposal', floor(v_lowest * 1048576)::bigint, true);
-        PERFORM setval('fairqueue.vtime_proposal_xid', pg_snapshot_xmax(pg_current_snapshot())::text::bigint, true);
+        PERFORM setval('fairqueue.vtime_proposal_xid', fairqueue._next_xid(), true);
     END IF;
     RETURN v_floor;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue._vtime_floor(), fairqueue._clamp_vtime(), fairqueue._advance_vtime_floor()
-    FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION fairqueue._next_xid(), fairqueue._vtime_floor(), fairqueue._clamp_vtime(),
+    fairqueue._advance_vtime_floor() FROM PUBLIC;
+
+-- Wakeups are looked for from a floor too (schema/16_wakeup_floor.sql), which starts at 0.
+-- They belong to channel_wakeup.id: TRUNCATE fairqueue.channel_wakeup RESTART IDENTITY starts them at 0.
+CREATE SEQUENCE fairqueue.wakeup_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel_wakeup.id;
+CREATE SEQUENCE fairqueue.wakeup_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel_wakeup.id;
+CREATE SEQUENCE fairqueue.wakeup_proposal_xid MINVALUE 0 START 0 OWNED BY fairqueue.channel_wakeup.id;
+
+-- The floor: no wakeup row has a lower id.
+CREATE FUNCTION fairqueue._wakeup_floor()
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT last_value FROM fairqueue.wakeup_floor
+$$;
+
+-- Before a statement draws any wakeup id, its transaction takes a transaction id (step 2 above).
+CREATE FUNCTION fairqueue._xid_before_wakeup_ids()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_current_xact_id();
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER channel_wakeup_xid BEFORE INSERT ON fairqueue.channel_wakeup
+    FOR EACH STATEMENT EXECUTE FUNCTION fairqueue._xid_before_wakeup_ids();
+
+-- Raises the floor when it may (see above) and returns it. Run by a claim after its intake; one
+-- claimer at a time; only under READ COMMITTED.
+CREATE FUNCTION fairqueue._advance_wakeup_floor()
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_floor     bigint := fairqueue._wakeup_floor();
+    v_proposal  bigint;
+    v_xid       bigint;
+    v_ended     boolean;
+    v_lowest    bigint;
+    v_next      bigint;
+    v_new       bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_try_advisory_xact_lock(1718681606, 0) THEN
+        RETURN v_floor;
+    END IF;
+    SELECT last_value INTO v_proposal FROM fairqueue.wakeup_proposal;
+    SELECT last_value INTO v_xid FROM fairqueue.wakeup_proposal_xid;
+    -- one statement, one snapshot: have the transactions older than X ended, the lowest wakeup id
+    -- now, and (read after that snapshot was taken) the next id the sequence hands out
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid,
+           (SELECT w.id FROM fairqueue.channel_wakeup w WHERE w.id >= v_floor ORDER BY w.id LIMIT 1),
+           (SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
+            FROM fairqueue.channel_wakeup_id_seq s)
+    INTO v_ended, v_lowest, v_next;
+    IF NOT v_ended THEN
+        RETURN v_floor;
+    END IF;
+    -- step 2 for the last proposal
+    v_new := least(v_proposal, coalesce(v_lowest, v_proposal));
+    IF v_new > v_floor THEN
+        PERFORM setval('fairqueue.wakeup_floor', v_new, true);
+        v_floor := v_new;
+    END IF;
+    -- step 1 of the next one: the proposal, then (a statement later, so a fresh snapshot) X
+    IF coalesce(v_lowest, v_next) > v_proposal THEN
+        PERFORM setval('fairqueue.wakeup_proposal', coalesce(v_lowest, v_next), true);
+        PERFORM setval('fairqueue.wakeup_proposal_xid', fairqueue._next_xid(), true);
+    END IF;
+    RETURN v_floor;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue._wakeup_floor(), fairqueue._xid_before_wakeup_ids(),
+    fairqueue._advance_wakeup_floor() FROM PUBLIC;
 
 CREATE FUNCTION fairqueue._idle_channels(p_names text[], p_rows tid[])
 RETURNS void
@@ -208,7 +299,8 @@ DECLARE
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
-        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor()
+                              ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
         RETURNING channel
     ),
     due AS (
@@ -282,6 +374,21 @@ BEGIN
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
 END $$;
 
+CREATE OR REPLACE FUNCTION fairqueue.promote_due_jobs()
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
+END $$;
+
 CREATE OR REPLACE FUNCTION fairqueue._wait_for_busy_channel(p_skip text[])
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -351,7 +458,7 @@ BEGIN
 
     -- Three index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
-    IF (SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1) IS NOT NULL
+    IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
            ORDER BY throttled_until LIMIT 1) <= v_now THEN
@@ -365,6 +472,8 @@ BEGIN
     END IF;
     -- Where the scans of the fair order begin: no eligible channel is below it (schema/15_vtime_floor.sql).
     v_floor := fairqueue._advance_vtime_floor();
+    -- and where the next claims look for wakeups (schema/16_wakeup_floor.sql)
+    PERFORM fairqueue._advance_wakeup_floor();
 
     -- How many channels this claim takes at most: with fewer busy channels than slots across the
     -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes

@@ -15,7 +15,8 @@
 -- (charges, debts). It becomes eligible, or its vtime drops, only through an update or insert that
 -- the trigger below clamps to the current proposal. The floor rises in two steps
 -- (_advance_vtime_floor, run by claims one at a time):
---   1. propose the lowest eligible vtime seen now, and note X, the next transaction id;
+--   1. propose the lowest eligible vtime seen now, and note X, a transaction id above every one
+--      handed out so far (_next_xid);
 --   2. once every transaction older than X has ended, every write that read an older proposal is
 --      committed or gone, and every later one clamps to the proposal: the floor becomes the lesser
 --      of the proposal and the lowest eligible vtime seen then.
@@ -28,6 +29,22 @@
 CREATE SEQUENCE fairqueue.vtime_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
 CREATE SEQUENCE fairqueue.vtime_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
 CREATE SEQUENCE fairqueue.vtime_proposal_xid MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
+
+-- A transaction id above every one handed out so far (the X of step 1). A snapshot's xmax is only
+-- past the last transaction that *completed*: one still running may hold a higher id, and if it read
+-- an older proposal, a floor that did not wait for it could pass the channel it makes eligible. Every
+-- transaction with an id holds the lock on it until it ends, so the newest id held in pg_locks counts
+-- too (ids in pg_locks have 32 bits: the newest is placed relative to xmax with age(), whose
+-- reference cancels out).
+CREATE FUNCTION fairqueue._next_xid()
+RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(s.xmax, s.xmax + age(s.xmax32) - (
+               SELECT min(age(l.transactionid)) FROM pg_locks l
+               WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted) + 1)
+    FROM (SELECT x.xmax, (x.xmax % 4294967296)::text::xid AS xmax32
+          FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) AS x) AS s
+$$;
 
 -- The floor: no eligible channel has a lower vtime.
 CREATE FUNCTION fairqueue._vtime_floor()
@@ -98,7 +115,7 @@ BEGIN
     -- step 1 of the next one: the proposal, then (a statement later, so a fresh snapshot) X
     IF v_lowest > v_proposal THEN
         PERFORM setval('fairqueue.vtime_proposal', floor(v_lowest * 1048576)::bigint, true);
-        PERFORM setval('fairqueue.vtime_proposal_xid', pg_snapshot_xmax(pg_current_snapshot())::text::bigint, true);
+        PERFORM setval('fairqueue.vtime_proposal_xid', fairqueue._next_xid(), true);
     END IF;
     RETURN v_floor;
 END $$;

@@ -18,7 +18,8 @@ DECLARE
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
-        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
+        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor()
+                              ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
         RETURNING channel
     ),
     due AS (
@@ -172,7 +173,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_now timestamptz := clock_timestamp();
 BEGIN
-    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
        OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
        OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
         PERFORM fairqueue._intake(v_now);

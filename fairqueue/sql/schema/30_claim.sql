@@ -163,7 +163,7 @@ BEGIN
 
     -- Three index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
-    IF (SELECT id FROM fairqueue.channel_wakeup ORDER BY id LIMIT 1) IS NOT NULL
+    IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
            ORDER BY throttled_until LIMIT 1) <= v_now THEN
@@ -177,6 +177,8 @@ BEGIN
     END IF;
     -- Where the scans of the fair order begin: no eligible channel is below it (schema/15_vtime_floor.sql).
     v_floor := fairqueue._advance_vtime_floor();
+    -- and where the next claims look for wakeups (schema/16_wakeup_floor.sql)
+    PERFORM fairqueue._advance_wakeup_floor();
 
     -- How many channels this claim takes at most: with fewer busy channels than slots across the
     -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes

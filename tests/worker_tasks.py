@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import fairqueue
@@ -132,6 +133,15 @@ def effect_then_wait(ctx: fairqueue.JobContext, gate: str, release: str) -> None
 
 @fairqueue.task(name="t.sleep_ms")
 def sleep_ms(ms: float) -> int:
+    time.sleep(ms / 1000)
+    return os.getpid()
+
+
+@fairqueue.task(name="t.sleep_ms_after_mark")
+def sleep_ms_after_mark(ms: float, mark: str) -> int:
+    """sleep_ms that first writes the file ``mark``: a test in another process knows it has started
+    (claimed is not enough: a stopping worker hands back the jobs it has not started)."""
+    Path(mark).write_text(str(os.getpid()))
     time.sleep(ms / 1000)
     return os.getpid()
 

@@ -246,19 +246,22 @@ def _final(conn: psycopg.Connection[Any], job_id: int) -> str | None:
 
 
 def test_sigterm_lets_a_running_job_finish_and_a_second_signal_aborts(
-    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet]
+    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet], tmp_path: Path
 ) -> None:
     fleet = fleet_for(db_url)
-    graceful = t.sleep_ms.enqueue(conn, 1500)
+    # the handlers mark their start: a job that is only claimed is handed back by a stopping worker
+    started = tmp_path / "graceful-started"
+    graceful = t.sleep_ms_after_mark.enqueue(conn, 1500, str(started))
     proc = fleet.start(concurrency=1)
-    wait_until(lambda: holds_jobs(conn, proc), fleet, what="the job to start")
+    wait_until(lambda: holds_jobs(conn, proc) and started.exists(), fleet, what="the job to start")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
     assert _final(conn, graceful) == "succeeded"
 
-    aborted = t.sleep_ms.using(max_attempts=3).enqueue(conn, 60_000)
+    started = tmp_path / "aborted-started"
+    aborted = t.sleep_ms_after_mark.using(max_attempts=3).enqueue(conn, 60_000, str(started))
     proc = fleet.start(concurrency=1)
-    wait_until(lambda: holds_jobs(conn, proc), fleet, what="the long job to start")
+    wait_until(lambda: holds_jobs(conn, proc) and started.exists(), fleet, what="the long job to start")
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 1

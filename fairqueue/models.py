@@ -85,6 +85,35 @@ class Channel(Base):
             persisted=True,
         ),
     )
+    keyed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # has fair keys in turn
+
+
+class ChannelKey(Base):
+    """A fair key of a channel in turn: the key with the lowest ``vtime`` goes next within the channel's
+    turn (schema/35_fair_keys.sql). The channel's jobs without a key take turns as the key ``''``."""
+
+    __tablename__ = "channel_key"
+    __table_args__ = (
+        Index("channel_key_turn_idx", "channel", "vtime", "served_at", "fair_key"),
+        {
+            "postgresql_with": {
+                "fillfactor": 50,
+                "autovacuum_vacuum_scale_factor": 0,
+                "autovacuum_vacuum_threshold": 1000,
+            }
+        },
+    )
+
+    channel: Mapped[str] = mapped_column(
+        Text,
+        ForeignKey("fairqueue.channel.name", onupdate="CASCADE", ondelete="CASCADE", name="channel_key_channel_fkey"),
+        primary_key=True,
+    )
+    fair_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    vtime: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    served_at: Mapped[datetime] = mapped_column(
+        TZ, server_default=text("'1970-01-01 00:00:00+00'::timestamp with time zone")
+    )
 
 
 class ChannelActive(Base):
@@ -127,6 +156,7 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # -100..100, higher first
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)  # W3C traceparent/tracestate
+    fair_key: Mapped[str | None] = mapped_column(Text)  # takes turns by it within its channel
 
 
 class RunningJob(Base):
@@ -134,7 +164,21 @@ class RunningJob(Base):
 
     __tablename__ = "running_job"
     __table_args__ = (
-        Index("running_job_ready_idx", "channel", "rank", "job_id", postgresql_where=text("worker_id IS NULL")),
+        Index(
+            "running_job_ready_idx",
+            "channel",
+            "rank",
+            "job_id",
+            postgresql_where=text("worker_id IS NULL AND fair_key IS NULL"),
+        ),
+        Index(
+            "running_job_key_idx",
+            "channel",
+            "fair_key",
+            "rank",
+            "job_id",
+            postgresql_where=text("worker_id IS NULL AND fair_key IS NOT NULL"),
+        ),
         Index("running_job_worker_idx", "worker_id", postgresql_where=text("worker_id IS NOT NULL")),
         {
             "postgresql_with": {
@@ -153,6 +197,7 @@ class RunningJob(Base):
     started_at: Mapped[datetime | None] = mapped_column(TZ)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     rank: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # minus the job's priority
+    fair_key: Mapped[str | None] = mapped_column(Text)  # a copy of the job's: which ready index holds it
 
 
 class ScheduledJob(Base):
@@ -213,6 +258,7 @@ class ChannelWakeup(Base):
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     channel: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("clock_timestamp()"))
+    fair_key: Mapped[str | None] = mapped_column(Text)  # also puts this key of the channel in turn
 
 
 class ChannelDebt(Base):
@@ -319,6 +365,7 @@ class CompletedJob(Base):
     started_at: Mapped[datetime | None] = mapped_column(TZ)
     finished_at: Mapped[datetime] = mapped_column(TZ)
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    fair_key: Mapped[str | None] = mapped_column(Text)
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:

@@ -59,6 +59,7 @@ READABLE_TABLES = (
     "fifo_waiting",
     "channel",
     "channel_active",
+    "channel_key",
     "channel_wakeup",
     "channel_debt",
     "worker",

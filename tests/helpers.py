@@ -68,6 +68,20 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert not stranded, f"channels with ready jobs that no claim will look at: {stranded}"
 
+    # a ready job with a fair key is taken only while its key is in its channel's turns (channel_key,
+    # with channel.keyed set), or about to be (a wakeup names the key)
+    stranded_keys = conn.execute(
+        """
+        SELECT DISTINCT r.channel, r.fair_key FROM fairqueue.running_job r
+        WHERE r.worker_id IS NULL AND r.fair_key IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
+                          WHERE k.channel = r.channel AND k.fair_key = r.fair_key AND c.keyed)
+          AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup w
+                          WHERE w.channel = r.channel AND w.fair_key = r.fair_key)
+        """
+    ).fetchall()
+    assert not stranded_keys, f"fair keys with ready jobs that no claim will take: {stranded_keys}"
+
 
 def drain(conn: psycopg.Connection[Any], worker_id: int, *, batch: int = 100) -> list[fairqueue.ClaimedJob]:
     """Claims and completes everything claimable; returns the jobs in the order they were claimed."""

@@ -25,7 +25,7 @@ def test_granted_roles_keep_their_rights_across_the_upgrade(empty_database_url: 
         conn.execute(f'CREATE ROLE "{role}"')
         try:
             roles.grant(conn, "worker", role)
-            migrations.upgrade(empty_database_url)
+            migrations.upgrade(empty_database_url, "fq0010")
             for name, signature in SIGNATURES.items():
                 function = f"fairqueue.{name}({signature})"
                 row = conn.execute(

@@ -43,6 +43,9 @@ CREATE TABLE fairqueue.channel (
     eligible         boolean GENERATED ALWAYS AS (
         active AND NOT paused AND throttled_until IS NULL
         AND (max_concurrency IS NULL OR running < max_concurrency)) STORED,
+    -- true while the channel may have jobs with a fair key: the claim then takes its jobs in turns
+    -- across its keys (channel_key, schema/35_fair_keys.sql) instead of straight from its ready queue
+    keyed            boolean NOT NULL DEFAULT false,
     CONSTRAINT channel_name_check CHECK (length(name) BETWEEN 1 AND 200),
     CONSTRAINT channel_weight_check CHECK (weight BETWEEN 1 AND 1000),
     CONSTRAINT channel_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
@@ -71,6 +74,23 @@ CREATE TABLE fairqueue.channel_active (
     active  boolean NOT NULL
 ) WITH (fillfactor = 20);
 
+-- The turns of a channel's fair keys (docs/design.md, "Two levels of turns"). A channel takes its
+-- turns among channels as ever; within its turn, its jobs are taken round-robin across its keys:
+-- each job taken adds 1 to its key's vtime, and the key with the lowest vtime goes next. A row exists
+-- while its key is in turn (it has, or may have, ready jobs); the channel's jobs without a key take
+-- turns as the key ''. Written only by a transaction that holds the channel's row (a claim serving
+-- it, an intake waking its keys), so the rows of one channel never race (schema/35_fair_keys.sql).
+CREATE TABLE fairqueue.channel_key (
+    channel    text NOT NULL REFERENCES fairqueue.channel (name) ON UPDATE CASCADE ON DELETE CASCADE,
+    fair_key   text NOT NULL,
+    vtime      double precision NOT NULL DEFAULT 0,
+    served_at  timestamptz NOT NULL DEFAULT '1970-01-01 00:00:00+00',
+    CONSTRAINT channel_key_pkey PRIMARY KEY (channel, fair_key)
+) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
+
+-- A channel's keys in turn order: least served first, ties to the least recently served.
+CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key);
+
 -- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
 -- (its history then lives in completed_job), never updated. It churns like running_job (a row per
 -- job, deleted when it ends), so it is vacuumed as eagerly. priority orders the job within its
@@ -90,6 +110,8 @@ CREATE TABLE fairqueue.job (
     created_at       timestamptz NOT NULL DEFAULT clock_timestamp(),
     priority         smallint NOT NULL DEFAULT 0,
     trace_context    jsonb,
+    -- the key the job takes turns by within its channel (NULL: none); see channel_key
+    fair_key         text,
     CONSTRAINT job_kind_check CHECK (length(kind) BETWEEN 1 AND 255),
     CONSTRAINT job_channel_check CHECK (length(channel) BETWEEN 1 AND 200),
     CONSTRAINT job_args_check CHECK (jsonb_typeof(args) = 'object'),
@@ -98,7 +120,8 @@ CREATE TABLE fairqueue.job (
     CONSTRAINT job_unique_key_check CHECK (unique_key IS NULL OR length(unique_key) BETWEEN 1 AND 255),
     CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255),
     CONSTRAINT job_priority_check CHECK (priority BETWEEN -100 AND 100),
-    CONSTRAINT job_trace_context_check CHECK (trace_context IS NULL OR jsonb_typeof(trace_context) = 'object')
+    CONSTRAINT job_trace_context_check CHECK (trace_context IS NULL OR jsonb_typeof(trace_context) = 'object'),
+    CONSTRAINT job_fair_key_check CHECK (fair_key IS NULL OR length(fair_key) BETWEEN 1 AND 255)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- One live job per unique key of a channel: keys belong to their channel (tenant), so the same key
@@ -115,12 +138,19 @@ CREATE TABLE fairqueue.running_job (
     started_at        timestamptz,
     cancel_requested  boolean NOT NULL DEFAULT false,
     -- minus the job's priority: ascending in the ready index, so higher priorities come first
-    rank              smallint NOT NULL DEFAULT 0
+    rank              smallint NOT NULL DEFAULT 0,
+    -- the job's fair key (a copy of job.fair_key): which ready index holds it
+    fair_key          text
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- Head of each channel's ready queue: higher priority first, then enqueue order (FIFO within a
 -- priority). All ascending, so "the entry after the last one taken" is one row comparison.
-CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, rank, job_id) WHERE worker_id IS NULL;
+-- A ready job is in exactly one of the two ready indexes: this one without a fair key, the next one
+-- with one. The head of a key is the same probe with the key after the channel.
+CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, rank, job_id)
+    WHERE worker_id IS NULL AND fair_key IS NULL;
+CREATE INDEX running_job_key_idx ON fairqueue.running_job (channel, fair_key, rank, job_id)
+    WHERE worker_id IS NULL AND fair_key IS NOT NULL;
 CREATE INDEX running_job_worker_idx ON fairqueue.running_job (worker_id) WHERE worker_id IS NOT NULL;
 
 -- Staging: jobs that cannot run yet. Bookkeeping happens here so the claim stays free of conditions.
@@ -160,10 +190,12 @@ CREATE INDEX fifo_waiting_key_idx ON fairqueue.fifo_waiting (channel, fifo_key, 
 
 -- Written by a producer only when its channel may be idle; consumed by the next claim, which reads
 -- it through its key: a sequential scan would read every page a past burst left behind.
+-- A row with a fair_key also asks the intake to put that key of the channel in turn (channel_key).
 CREATE TABLE fairqueue.channel_wakeup (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     channel     text NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+    created_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    fair_key    text
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 
 -- Virtual time owed by channels that a claim served without holding their row (a "shared take",
@@ -207,6 +239,7 @@ CREATE TABLE fairqueue.completed_job (
     started_at   timestamptz,
     finished_at  timestamptz NOT NULL,
     priority     smallint NOT NULL DEFAULT 0,
+    fair_key     text,
     CONSTRAINT completed_job_pkey PRIMARY KEY (job_id, attempt, outcome, finished_at),
     CONSTRAINT completed_job_outcome_check CHECK (
         outcome IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled', 'dependency_failed'))

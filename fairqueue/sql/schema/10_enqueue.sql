@@ -122,6 +122,7 @@ CREATE FUNCTION fairqueue.enqueue(
     p_depends_on       bigint[] DEFAULT NULL,
     p_priority         smallint DEFAULT 0,
     p_trace_context    jsonb DEFAULT NULL,
+    p_fair_key         text DEFAULT NULL,
     OUT job_id         bigint,
     OUT created        boolean)
 LANGUAGE plpgsql
@@ -146,9 +147,14 @@ BEGIN
         RAISE EXCEPTION 'fairqueue: priority must be from -100 to 100, got %', p_priority
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+    IF length(p_fair_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
         PERFORM fairqueue._refuse_control_characters(
-            ARRAY['kind', 'channel', 'unique_key', 'fifo_key'], ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key]);
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
+            ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key]);
     END IF;
     IF cardinality(p_depends_on) = 0 THEN
         p_depends_on := NULL;
@@ -156,16 +162,16 @@ BEGIN
 
     IF p_unique_key IS NULL THEN
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
-                                   run_at, created_at, priority, trace_context)
+                                   run_at, created_at, priority, trace_context, fair_key)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
-                p_run_at, v_now, p_priority, p_trace_context)
+                p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
         RETURNING id INTO job_id;
     ELSE
         -- Only producers of the same unique key wait on each other here: that is what the key asks for.
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at, priority, trace_context)
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
-                p_depends_on, p_run_at, v_now, p_priority, p_trace_context)
+                p_depends_on, p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id INTO job_id;
         IF job_id IS NULL THEN
@@ -192,8 +198,8 @@ BEGIN
             PERFORM pg_notify('fairqueue', '');
         END IF;
     ELSE
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
-        VALUES (job_id, p_channel, 0, v_now, -p_priority);
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        VALUES (job_id, p_channel, 0, v_now, -p_priority, p_fair_key);
         PERFORM fairqueue._wake_channel(p_channel);
     END IF;
 END $$;
@@ -212,7 +218,8 @@ CREATE FUNCTION fairqueue.enqueue_many(
     p_fifo_keys        text[] DEFAULT NULL,
     p_depends_on       jsonb[] DEFAULT NULL,
     p_priorities       smallint[] DEFAULT NULL,
-    p_trace_contexts   jsonb[] DEFAULT NULL)
+    p_trace_contexts   jsonb[] DEFAULT NULL,
+    p_fair_keys        text[] DEFAULT NULL)
 RETURNS TABLE (ord bigint, job_id bigint, created boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -235,16 +242,23 @@ BEGIN
        OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
        OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
        OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n
-       OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n THEN
+       OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n
+       OR coalesce(cardinality(p_fair_keys), v_n) <> v_n THEN
         RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_fair_keys) AS k WHERE length(k) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF concat_ws(' ', array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
-                 array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+                 array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                 array_to_string(p_fair_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
         PERFORM fairqueue._refuse_control_characters(
-            ARRAY['kind', 'channel', 'unique_key', 'fifo_key'],
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
             ARRAY[array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
-                  array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' ')]);
+                  array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                  array_to_string(p_fair_keys, ' ')]);
     END IF;
 
     WITH input AS (
@@ -261,18 +275,19 @@ BEGIN
                CASE WHEN jsonb_array_length(u.depends_on) > 0
                     THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on,
                coalesce(u.priority, 0) AS priority,
-               u.trace_context
+               u.trace_context,
+               u.fair_key
         FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
-                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts)
+                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts, p_fair_keys)
              WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
-                                  fifo_key, depends_on, priority, trace_context, ord)
+                                  fifo_key, depends_on, priority, trace_context, fair_key, ord)
     ),
     inserted AS (
         INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at, priority, trace_context)
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
         OVERRIDING SYSTEM VALUE
         SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now,
-               priority, trace_context
+               priority, trace_context, fair_key
         FROM input
         ORDER BY pos
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
@@ -283,8 +298,8 @@ BEGIN
         FROM input i JOIN inserted USING (id)
     ),
     ready AS (
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
-        SELECT id, channel, 0, v_now, -priority FROM placed WHERE NOT staged ORDER BY id
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT id, channel, 0, v_now, -priority, fair_key FROM placed WHERE NOT staged ORDER BY id
         RETURNING channel
     ),
     staged AS (

@@ -15,12 +15,15 @@ DECLARE
     v_place   bigint[];
     v_id      bigint;
     v_channel text;
+    v_kchan   text[];
+    v_kkey    text[];
+    v_held    text[];
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
         WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor()
                               ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
-        RETURNING channel
+        RETURNING channel, fair_key
     ),
     due AS (
         DELETE FROM fairqueue.scheduled_job s
@@ -30,18 +33,26 @@ BEGIN
         RETURNING s.job_id, s.channel, s.attempt
     ),
     classified AS (
-        SELECT d.job_id, d.channel, d.attempt, j.priority,
+        SELECT d.job_id, d.channel, d.attempt, j.priority, j.fair_key,
                (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
         FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
     ),
     ready AS (
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
-        SELECT job_id, channel, attempt, p_now, -priority FROM classified WHERE NOT needs_placement ORDER BY job_id
-        RETURNING channel
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified WHERE NOT needs_placement
+        ORDER BY job_id
+        RETURNING channel, fair_key
+    ),
+    keyed AS (
+        SELECT DISTINCT t.channel, t.fair_key
+        FROM (SELECT channel, fair_key FROM woken UNION ALL SELECT channel, fair_key FROM ready) AS t
+        WHERE t.fair_key IS NOT NULL
     )
     SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
-           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement)
-    INTO v_wake, v_place;
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement),
+           (SELECT array_agg(k.channel ORDER BY k.channel, k.fair_key) FROM keyed k),
+           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k)
+    INTO v_wake, v_place, v_kchan, v_kkey;
 
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP
@@ -50,6 +61,11 @@ BEGIN
                 v_wake := array_append(v_wake, v_channel);
             END IF;
         END LOOP;
+        -- the keys of the jobs placed ready join their turns now, not at the next intake
+        SELECT v_kchan || array_agg(r.channel ORDER BY r.job_id), v_kkey || array_agg(r.fair_key ORDER BY r.job_id)
+        INTO v_kchan, v_kkey
+        FROM fairqueue.running_job r
+        WHERE r.job_id = ANY (v_place) AND r.fair_key IS NOT NULL AND r.worker_id IS NULL;
     END IF;
 
     -- Mark woken channels active and lift expired throttles. Rows another transaction holds are
@@ -91,6 +107,25 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+
+    -- Woken keys join their channel's turns (schema/35_fair_keys.sql), under the channel's row: the
+    -- rows locked or created above are this transaction's already; the others' keys wait in the
+    -- table for a later intake, like their channels.
+    IF v_kchan IS NOT NULL THEN
+        SELECT array_agg(c.name) INTO v_held
+        FROM (SELECT name FROM fairqueue.channel
+              WHERE name = ANY (ARRAY(SELECT DISTINCT unnest(v_kchan))) ORDER BY name
+              FOR NO KEY UPDATE SKIP LOCKED) AS c;
+        IF v_held IS NOT NULL THEN
+            FOREACH v_channel IN ARRAY v_held LOOP
+                PERFORM fairqueue._join_key_turns(
+                    v_channel, ARRAY(SELECT k FROM unnest(v_kchan, v_kkey) AS u(c, k) WHERE u.c = v_channel));
+            END LOOP;
+            UPDATE fairqueue.channel SET keyed = true WHERE name = ANY (v_held) AND NOT keyed;
+        END IF;
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT u.c, u.k FROM unnest(v_kchan, v_kkey) AS u(c, k) WHERE u.c <> ALL (coalesce(v_held, '{}'));
+    END IF;
 END $$;
 
 -- First placement of a job that has depends_on or a fifo_key. Returns the channel if it became ready.
@@ -134,13 +169,14 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now, v_job.priority);
+    RETURN fairqueue._place_after_dependencies(p_job_id, v_job.channel, v_job.fifo_key, p_now, v_job.priority,
+                                               v_job.fair_key);
 END $$;
 
 -- Places a job whose dependencies have all succeeded: it takes its FIFO key (in its channel) or
 -- waits for it, or becomes ready. Returns the channel if the job became ready.
 CREATE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
-                                                    p_now timestamptz, p_priority smallint)
+                                                    p_now timestamptz, p_priority smallint, p_fair_key text)
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -157,8 +193,8 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
-    VALUES (p_job_id, p_channel, 0, p_now, -p_priority);
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
     RETURN p_channel;
 END $$;
 

@@ -58,12 +58,21 @@ BEGIN
             v_free := v_free || p_rows[i];
         END IF;
     END LOOP;
-    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks.
-    UPDATE fairqueue.channel c SET active = false
-    WHERE c.ctid = ANY (v_free) AND c.active
-      AND (SELECT r.job_id FROM fairqueue.running_job r
-           WHERE r.channel = c.name AND r.worker_id IS NULL
-           ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL;
+    -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks,
+    -- with a fair key or without (the two ready indexes). An idle channel has no key in turn.
+    WITH idled AS (
+        UPDATE fairqueue.channel c SET active = false, keyed = false
+        WHERE c.ctid = ANY (v_free) AND c.active
+          AND (SELECT r.job_id FROM fairqueue.running_job r
+               WHERE r.channel = c.name AND r.worker_id IS NULL AND r.fair_key IS NULL
+               ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL
+          AND (SELECT r.job_id FROM fairqueue.running_job r
+               WHERE r.channel = c.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+               ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
+        RETURNING c.name
+    )
+    DELETE FROM fairqueue.channel_key k
+    WHERE k.channel = ANY (ARRAY(SELECT i.name FROM idled i));
 END $$;
 
 -- The same for channels given by name, for callers that do not hold the rows' addresses (a row
@@ -137,6 +146,11 @@ DECLARE
     v_weights  integer[];
     v_tokens   double precision[];
     v_rates    double precision[];
+    v_keyed    boolean[];
+    v_kpos     integer[];
+    v_kids     bigint[];
+    v_kmore    boolean[];
+    v_take     record;
     v_got      integer[];
     v_ids      bigint[];
     v_slots    double precision[];
@@ -193,7 +207,7 @@ BEGIN
         --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
             SELECT c.ctid AS row_id, c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running,
-                   c.rate_per_second,
+                   c.rate_per_second, c.keyed,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
                               c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
@@ -235,8 +249,9 @@ BEGIN
                array_agg(r.vtime ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
-               array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name)
-        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates
+               array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.keyed ORDER BY r.vtime, r.served_at, r.name)
+        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates, v_keyed
         FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
         IF v_names IS NULL THEN
@@ -253,7 +268,7 @@ BEGIN
             INTO v_names
             FROM (SELECT c.name, c.vtime, c.served_at FROM fairqueue.channel c
                   WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
-                    AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL
+                    AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL AND NOT c.keyed
                   ORDER BY c.vtime, c.served_at, c.name
                   LIMIT v_spread) AS s
             WHERE pg_try_advisory_xact_lock_shared(1718681603, hashtext(s.name));
@@ -261,7 +276,7 @@ BEGIN
             INTO v_names, v_vtimes, v_weights
             FROM unnest(v_names) WITH ORDINALITY AS u(name, i)
             JOIN fairqueue.channel c ON c.name = u.name
-            WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL;
+            WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL AND NOT c.keyed;
             IF v_names IS NULL THEN
                 -- Not once this claim has idled channels: it holds their exclusive locks until it
                 -- commits, and a producer enqueueing into one of them would wait with it.
@@ -277,31 +292,55 @@ BEGIN
                              FROM generate_subscripts(v_names, 1) AS i ORDER BY i);
             v_tokens := array_fill(NULL::double precision, ARRAY[cardinality(v_names)]);
             v_rates := v_tokens;
+            v_keyed := array_fill(false, ARRAY[cardinality(v_names)]);
         ELSE
             v_shared := false;
+        END IF;
+
+        -- A keyed channel's slots go to its keys in turn (schema/35_fair_keys.sql): its jobs are
+        -- taken here, and joined to the other channels' below.
+        v_kpos := '{}';
+        v_kids := '{}';
+        v_kmore := array_fill(NULL::boolean, ARRAY[cardinality(v_names)]);
+        IF true = ANY (v_keyed) THEN
+            FOR i IN 1 .. cardinality(v_names) LOOP
+                CONTINUE WHEN NOT v_keyed[i] OR v_alloc[i] = 0;
+                SELECT * INTO v_take FROM fairqueue._take_keyed(v_names[i], v_alloc[i], v_now);
+                v_kpos := v_kpos || array_fill(i, ARRAY[cardinality(v_take.ids)]);
+                v_kids := v_kids || v_take.ids;
+                v_kmore[i] := v_take.more;
+            END LOOP;
         END IF;
 
         -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher
         --    priority first, then enqueue order), and look whether more remain behind them.
         --    One statement: which jobs each channel gave, their slots, and which channels came up short.
         WITH heads AS MATERIALIZED (
-            SELECT u.i, u.name, u.n, coalesce(p.ids, '{}') AS ids,
+            SELECT u.i, u.name, u.n, coalesce(p.ids, k.ids, '{}') AS ids,
+                   CASE WHEN u.keyed THEN coalesce(v_kmore[u.i], false)
                    -- more behind them? the next index entry (EXISTS could plan a scan over dead pages)
-                   u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
-                                WHERE r.channel = u.name AND r.worker_id IS NULL
-                                  AND (r.rank, r.job_id) > (coalesce(p.ranks[cardinality(p.ranks)], -32768),
-                                                            coalesce(p.ids[cardinality(p.ids)], 0))
-                                ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL AS more
-            FROM unnest(v_names, v_alloc) WITH ORDINALITY AS u(name, n, i)
+                   ELSE u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                                     WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NULL
+                                       AND (r.rank, r.job_id) > (coalesce(p.ranks[cardinality(p.ranks)], -32768),
+                                                                 coalesce(p.ids[cardinality(p.ids)], 0))
+                                     ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL END AS more
+            FROM unnest(v_names, v_alloc, v_keyed) WITH ORDINALITY AS u(name, n, keyed, i)
             CROSS JOIN LATERAL (
                 SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids,
                        array_agg(h.rank ORDER BY h.rank, h.job_id) AS ranks
                 FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
-                      WHERE u.n > 0 AND r.channel = u.name AND r.worker_id IS NULL
+                      WHERE u.n > 0 AND NOT u.keyed AND r.channel = u.name AND r.worker_id IS NULL
+                        AND r.fair_key IS NULL
                       ORDER BY r.channel, r.rank, r.job_id
                       LIMIT u.n
                       FOR UPDATE SKIP LOCKED) AS h
             ) AS p
+            -- a keyed channel's jobs, taken above in its keys' turn order
+            CROSS JOIN LATERAL (
+                SELECT array_agg(x.id ORDER BY x.o) AS ids
+                FROM unnest(v_kpos, v_kids) WITH ORDINALITY AS x(pos, id, o)
+                WHERE u.keyed AND x.pos = u.i
+            ) AS k
         ),
         taken AS (
             SELECT h.i, x.k, x.id, v_vtimes[h.i] + (x.k - 1)::double precision / v_weights[h.i] AS slot

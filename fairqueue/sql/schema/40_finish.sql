@@ -69,8 +69,8 @@ BEGIN
             IF FOUND THEN
                 DELETE FROM fairqueue.fifo_waiting WHERE job_id = v_next;
                 INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (v_fifo.channel, v_fifo.fifo_key, v_next);
-                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank)
-                SELECT v_next, v_fifo.channel, 0, p_now, -j.priority FROM fairqueue.job j WHERE j.id = v_next;
+                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+                SELECT v_next, v_fifo.channel, 0, p_now, -j.priority, j.fair_key FROM fairqueue.job j WHERE j.id = v_next;
                 activate := activate || v_fifo.channel;
             END IF;
         END LOOP;
@@ -84,13 +84,13 @@ BEGIN
             -- sees the other's deletion, so exactly one of them places the job.
             PERFORM 1 FROM fairqueue.job WHERE id = ANY (v_cand) ORDER BY id FOR NO KEY UPDATE;
             FOR v_dep IN
-                SELECT j.id, j.channel, j.fifo_key, j.priority FROM fairqueue.job j
+                SELECT j.id, j.channel, j.fifo_key, j.priority, j.fair_key FROM fairqueue.job j
                 WHERE j.id = ANY (v_cand)
                   AND NOT EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id)
                 ORDER BY j.id
             LOOP
                 v_channel := fairqueue._place_after_dependencies(v_dep.id, v_dep.channel, v_dep.fifo_key, p_now,
-                                                                 v_dep.priority);
+                                                                 v_dep.priority, v_dep.fair_key);
                 IF v_channel IS NOT NULL THEN
                     activate := activate || v_channel;
                 END IF;
@@ -140,7 +140,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     WITH deleted AS (
         DELETE FROM fairqueue.job j WHERE j.id = ANY (p_job_ids)
-        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority
+        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority, j.fair_key
     ),
     gone AS (
         SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
@@ -152,9 +152,9 @@ BEGIN
     hist AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                             finished_at, priority)
+                                             finished_at, priority, fair_key)
         SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
-               created_at, ready_at, started_at, p_now, priority
+               created_at, ready_at, started_at, p_now, priority, fair_key
         FROM gone
         RETURNING job_id, outcome, fifo_key
     )
@@ -282,7 +282,7 @@ BEGIN
     ),
     decided AS (
         SELECT g.*, i.outcome, i.result, i.error, i.retry_in, j.kind, j.args, j.unique_key, j.fifo_key, j.created_at,
-               j.priority,
+               j.priority, j.fair_key,
                (i.outcome IN ('succeeded', 'cancelled') OR i.retry_in IS NULL OR g.attempt >= j.max_attempts)
                    AS is_final
         FROM gone g
@@ -299,9 +299,9 @@ BEGIN
     history AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                             finished_at, priority)
+                                             finished_at, priority, fair_key)
         SELECT job_id, attempt, outcome, is_final, kind, channel, CASE WHEN is_final THEN args END, result, error,
-               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority
+               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority, fair_key
         FROM decided
     ),
     retried AS (
@@ -433,8 +433,9 @@ END $$;
 --   'duplicate'    another live job holds its unique key: not run again;
 --   'exhausted'    it already used the most attempts a job can have (1000);
 --   'not_found'    no such job.
--- A job run again keeps its id, kind, args, channel, keys and priority; it does not wait for its FIFO
--- key or dependencies again, and a timeout given at enqueue is not kept (the task's default applies).
+-- A job run again keeps its id, kind, args, channel, keys (its fair key too) and priority; it does not
+-- wait for its FIFO key or dependencies again, and a timeout given at enqueue is not kept (the task's
+-- default applies).
 CREATE FUNCTION fairqueue.retry(p_job_id bigint, p_attempts integer DEFAULT 1)
 RETURNS text
 LANGUAGE plpgsql
@@ -468,11 +469,12 @@ BEGIN
         RETURN 'exhausted';
     END IF;
     BEGIN
-        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, unique_key, fifo_key, created_at, priority)
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, unique_key, fifo_key, created_at, priority,
+                                   fair_key)
         OVERRIDING SYSTEM VALUE
         VALUES (p_job_id, v_last.kind, v_last.channel, coalesce(v_last.args, '{}'::jsonb),
                 least(1000, v_last.attempt + p_attempts), v_last.unique_key, v_last.fifo_key, v_last.enqueued_at,
-                v_last.priority);
+                v_last.priority, v_last.fair_key);
     EXCEPTION WHEN unique_violation THEN
         GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
         -- job_pkey: a concurrent retry of the same job won; anything else is the unique key

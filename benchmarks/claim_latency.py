@@ -5,6 +5,7 @@ and with 10 or 10,000 channels?
     python -m benchmarks.claim_latency --database-url postgresql://...   # a server for scratch databases
     python -m benchmarks.claim_latency --explain docs/claim-plan.txt     # also save the claim's plans
     python -m benchmarks.claim_latency --scenario 1000000x10000          # one shape only
+    python -m benchmarks.claim_latency --scenario 1000000x10000 --keys 100   # 100 fair keys per channel
 
 Each scenario runs on a fresh database. The queue is filled server-side, then the loop is steady
 state: enqueue 10 jobs into random channels, time one claim of --batch jobs (one round trip,
@@ -13,6 +14,10 @@ and one VACUUM (what autovacuum does in the steady state). The hand-written loop
 WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT batch)) is timed the same way at the same
 backlogs, as the floor. Target: the claim's p50 within 1.5x across all four shapes (1,000 to
 1,000,000 queued, 10 to 10,000 channels).
+
+With --keys N, every job also has one of N fair keys of its channel (the jobs of a channel cycle
+through them, and so do the steady-state enqueues), so the claim takes turns across keys inside
+each channel's turn; the keys' wakeups are all taken in before the timed rounds.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ TARGET = 1.5
 PRIORITIES = (0, 0, 0, 5, -5, 0, 50, 0, -50, 0, 100)
 
 
-def fill(conn: psycopg.Connection[Any], jobs: int, channels: int, *, mixed: bool = False) -> None:
+def fill(conn: psycopg.Connection[Any], jobs: int, channels: int, *, mixed: bool = False, keys: int = 0) -> None:
     """Enqueues ``jobs`` jobs spread evenly over ``channels`` channels, in 100k-job statements (with
-    ``mixed``, their priorities cycle through PRIORITIES)."""
+    ``mixed``, their priorities cycle through PRIORITIES; with ``keys``, each channel's jobs cycle
+    through that many fair keys)."""
     conn.execute(
         "INSERT INTO fairqueue.channel (name) SELECT 'tenant' || g FROM generate_series(0, %s - 1) g", (channels,)
     )
@@ -53,10 +59,23 @@ def fill(conn: psycopg.Connection[Any], jobs: int, channels: int, *, mixed: bool
             "  ARRAY(SELECT 'bench.noop' FROM generate_series(1, %(n)s)), NULL,"
             "  ARRAY(SELECT 'tenant' || ((g + %(off)s) %% %(c)s) FROM generate_series(1, %(n)s) g),"
             "  p_priorities => CASE WHEN %(mixed)s THEN ARRAY("
-            "    SELECT (%(prio)s::smallint[])[1 + (g + %(off)s) %% %(np)s] FROM generate_series(1, %(n)s) g) END)",
-            {"n": n, "off": done, "c": channels, "mixed": mixed, "prio": list(PRIORITIES), "np": len(PRIORITIES)},
+            "    SELECT (%(prio)s::smallint[])[1 + (g + %(off)s) %% %(np)s] FROM generate_series(1, %(n)s) g) END,"
+            "  p_fair_keys => CASE WHEN %(k)s > 0 THEN ARRAY("
+            "    SELECT 'user' || (((g + %(off)s) / %(c)s) %% greatest(%(k)s, 1)) FROM generate_series(1, %(n)s) g) END)",
+            {
+                "n": n,
+                "off": done,
+                "c": channels,
+                "mixed": mixed,
+                "prio": list(PRIORITIES),
+                "np": len(PRIORITIES),
+                "k": keys,
+            },
         )
         done += n
+    # take in every wakeup (one per channel, and one per key): the one-off activation of the fill
+    while conn.execute("SELECT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)").fetchone() == (True,):
+        conn.execute("SELECT fairqueue.promote_due_jobs()")
     conn.execute("VACUUM ANALYZE fairqueue.job")
     conn.execute("VACUUM ANALYZE fairqueue.running_job")
     conn.execute("VACUUM ANALYZE fairqueue.channel")
@@ -72,10 +91,17 @@ def _quantiles(timings: list[float]) -> dict[str, float]:
 
 
 def run_scenario(
-    conn: psycopg.Connection[Any], jobs: int, channels: int, batch: int, rounds: int, *, mixed: bool = False
+    conn: psycopg.Connection[Any],
+    jobs: int,
+    channels: int,
+    batch: int,
+    rounds: int,
+    *,
+    mixed: bool = False,
+    keys: int = 0,
 ) -> dict[str, Any]:
     t0 = time.monotonic()
-    fill(conn, jobs, channels, mixed=mixed)
+    fill(conn, jobs, channels, mixed=mixed, keys=keys)
     fill_s = time.monotonic() - t0
     worker = fairqueue.register_worker(conn, "bench", lease_seconds=3600)
     rng = random.Random(7)
@@ -88,6 +114,7 @@ def run_scenario(
                     "bench.noop",
                     channel=f"tenant{rng.randrange(channels)}",
                     priority=rng.choice(PRIORITIES) if mixed else 0,
+                    fair_key=f"user{rng.randrange(keys)}" if keys else None,
                 )
                 for _ in range(10)
             ],
@@ -107,6 +134,7 @@ def run_scenario(
     return {
         "queued": jobs,
         "channels": channels,
+        "keys": keys,
         "batch": batch,
         "rounds": rounds,
         "fill_seconds": round(fill_s, 1),
@@ -196,7 +224,8 @@ def report(run: Run, args: Any, results: list[dict[str, Any]], loop: list[dict[s
     run.finish(
         {"fairqueue": results, "loop": loop, "targets": checks},
         f"Claim latency versus backlog (claim of {args.batch}, {args.rounds:,} rounds"
-        + (", mixed priorities)" if args.mixed_priorities else ")"),
+        + (", mixed priorities" if args.mixed_priorities else "")
+        + (f", {args.keys} fair keys per channel)" if args.keys else ")"),
         table,
         [
             "Steady state per shape: enqueue 10 jobs into random channels, time one claim (one round trip, "
@@ -222,6 +251,7 @@ def main() -> None:
         action="store_true",
         help="jobs with mixed priorities (-50 to 100, most at 0) instead of all at the default",
     )
+    p.add_argument("--keys", type=int, default=0, help="fair keys per channel (default 0: jobs without a key)")
     args = p.parse_args()
     args.rounds = args.rounds or (100 if args.quick else 1000)
     if args.scenario:
@@ -234,7 +264,9 @@ def main() -> None:
             url = run.database("fq_claim")
             migrations.upgrade(url)
             with psycopg.connect(url, autocommit=True) as conn:
-                r = run_scenario(conn, jobs, channels, args.batch, args.rounds, mixed=args.mixed_priorities)
+                r = run_scenario(
+                    conn, jobs, channels, args.batch, args.rounds, mixed=args.mixed_priorities, keys=args.keys
+                )
                 if args.explain and (jobs, channels) == (1_000_000, 10_000):
                     args.explain.write_text(explain_claim(conn, args.batch) + "\n")
             results.append(r)

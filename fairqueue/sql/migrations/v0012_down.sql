@@ -12,8 +12,8 @@ WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'enqu
 
 DROP TRIGGER running_job_key_released ON fairqueue.running_job;
 DROP TRIGGER running_job_key_ready ON fairqueue.running_job;
-DROP FUNCTION fairqueue._take_keyed(text, integer, timestamptz);
-DROP FUNCTION fairqueue._join_key_turns(text, text[]);
+DROP FUNCTION fairqueue._take_keyed(text[], integer[], timestamptz);
+DROP FUNCTION fairqueue._join_key_turns(text[], text[]);
 DROP FUNCTION fairqueue._wake_fair_key();
 DROP FUNCTION fairqueue.enqueue(text, jsonb, text, timestamptz, integer, double precision, text, text, bigint[], smallint, jsonb, text);
 DROP FUNCTION fairqueue.enqueue_many(text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb[], text[]);

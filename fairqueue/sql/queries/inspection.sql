@@ -5,11 +5,12 @@
 -- polled while it retries never shows as running with that attempt's error already listed. Exactly
 -- one branch of the state matches a live job; a finished job has its latest final row (a job retried
 -- by an operator after it ended has one final row per time it ended); started_at is the start of the
--- attempt running now; not_before is the run_at the job was enqueued with (history does not keep it).
+-- attempt running now; not_before is the run_at the job was enqueued with (history does not keep it);
+-- fair_key is the key the job takes turns by within its channel (history keeps it).
 -- The finished attempts come as arrays,
 -- one per column, in the order of job_attempts (each sorted on the whole primary key: the same order).
 WITH state (id, kind, channel, args, max_attempts, created_at, status, attempt, worker_id, run_at, result, error,
-            finished_at, started_at, priority, not_before) AS (
+            finished_at, started_at, priority, not_before, fair_key) AS (
     SELECT j.id, j.kind, j.channel, j.args::text, j.max_attempts, j.created_at,
            CASE WHEN r.worker_id IS NOT NULL THEN 'running'
                 WHEN r.job_id IS NOT NULL THEN 'ready'
@@ -17,7 +18,7 @@ WITH state (id, kind, channel, args, max_attempts, created_at, status, attempt, 
                 WHEN f.job_id IS NOT NULL THEN 'waiting'
                 ELSE 'scheduled' END,
            coalesce(r.attempt, s.attempt, 0), r.worker_id, s.run_at, NULL::text, NULL::text, NULL::timestamptz,
-           CASE WHEN r.worker_id IS NOT NULL THEN r.started_at END, j.priority, j.run_at
+           CASE WHEN r.worker_id IS NOT NULL THEN r.started_at END, j.priority, j.run_at, j.fair_key
     FROM fairqueue.job j
     LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
     LEFT JOIN fairqueue.scheduled_job s ON s.job_id = j.id
@@ -26,7 +27,7 @@ WITH state (id, kind, channel, args, max_attempts, created_at, status, attempt, 
     WHERE j.id = %(id)s
     UNION ALL
     (SELECT c.job_id, c.kind, c.channel, c.args::text, NULL, c.enqueued_at, c.outcome, c.attempt, c.worker_id, NULL,
-            c.result::text, c.error, c.finished_at, NULL::timestamptz, c.priority, NULL::timestamptz
+            c.result::text, c.error, c.finished_at, NULL::timestamptz, c.priority, NULL::timestamptz, c.fair_key
      FROM fairqueue.completed_job c
      WHERE c.job_id = %(id)s AND c.final
        AND NOT EXISTS (SELECT 1 FROM fairqueue.job WHERE id = %(id)s)

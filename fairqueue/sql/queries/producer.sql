@@ -4,15 +4,17 @@
 
 -- name: enqueue
 -- One job (schema/10_enqueue.sql); created is false when an unfinished job holds its unique key.
+-- The last parameter is the job's fair key (NULL: none).
 SELECT job_id, created FROM fairqueue.enqueue(
     %s, %s::text::jsonb, %s, %s::timestamptz, %s::integer, %s::double precision, %s, %s, %s::bigint[],
-    %s::smallint, %s::text::jsonb)
+    %s::smallint, %s::text::jsonb, %s)
 
 -- name: enqueue_many
--- Many jobs in one statement, as parallel arrays; rows come back in the order given.
+-- Many jobs in one statement, as parallel arrays; rows come back in the order given. The last array
+-- holds the fair keys (NULL when no job has one).
 SELECT ord, job_id, created FROM fairqueue.enqueue_many(
     %s::text[], %s::text[]::jsonb[], %s::text[], %s::timestamptz[], %s::integer[], %s::double precision[],
-    %s::text[], %s::text[], %s::text[]::jsonb[], %s::smallint[], %s::text[]::jsonb[])
+    %s::text[], %s::text[], %s::text[]::jsonb[], %s::smallint[], %s::text[]::jsonb[], %s::text[])
 ORDER BY ord
 
 -- name: existing_job_ids

@@ -117,10 +117,11 @@ BEGIN
               WHERE name = ANY (ARRAY(SELECT DISTINCT unnest(v_kchan))) ORDER BY name
               FOR NO KEY UPDATE SKIP LOCKED) AS c;
         IF v_held IS NOT NULL THEN
-            FOREACH v_channel IN ARRAY v_held LOOP
-                PERFORM fairqueue._join_key_turns(
-                    v_channel, ARRAY(SELECT k FROM unnest(v_kchan, v_kkey) AS u(c, k) WHERE u.c = v_channel));
-            END LOOP;
+            PERFORM fairqueue._join_key_turns(
+                ARRAY(SELECT u.c FROM unnest(v_kchan, v_kkey) WITH ORDINALITY AS u(c, k, i)
+                      WHERE u.c = ANY (v_held) ORDER BY u.i),
+                ARRAY(SELECT u.k FROM unnest(v_kchan, v_kkey) WITH ORDINALITY AS u(c, k, i)
+                      WHERE u.c = ANY (v_held) ORDER BY u.i));
             UPDATE fairqueue.channel SET keyed = true WHERE name = ANY (v_held) AND NOT keyed;
         END IF;
         INSERT INTO fairqueue.channel_wakeup (channel, fair_key)

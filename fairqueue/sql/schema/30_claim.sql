@@ -301,15 +301,15 @@ BEGIN
         -- taken here, and joined to the other channels' below.
         v_kpos := '{}';
         v_kids := '{}';
-        v_kmore := array_fill(NULL::boolean, ARRAY[cardinality(v_names)]);
+        v_kmore := '{}';
         IF true = ANY (v_keyed) THEN
-            FOR i IN 1 .. cardinality(v_names) LOOP
-                CONTINUE WHEN NOT v_keyed[i] OR v_alloc[i] = 0;
-                SELECT * INTO v_take FROM fairqueue._take_keyed(v_names[i], v_alloc[i], v_now);
-                v_kpos := v_kpos || array_fill(i, ARRAY[cardinality(v_take.ids)]);
-                v_kids := v_kids || v_take.ids;
-                v_kmore[i] := v_take.more;
-            END LOOP;
+            SELECT * INTO v_take FROM fairqueue._take_keyed(
+                v_names, ARRAY(SELECT CASE WHEN k THEN n ELSE 0 END FROM unnest(v_keyed, v_alloc) WITH ORDINALITY AS u(k, n, i)
+                               ORDER BY u.i),
+                v_now);
+            v_kpos := v_take.pos;
+            v_kids := v_take.ids;
+            v_kmore := v_take.more;
         END IF;
 
         -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher

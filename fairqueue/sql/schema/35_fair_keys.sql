@@ -41,79 +41,102 @@ CREATE TRIGGER running_job_key_released AFTER UPDATE OF worker_id ON fairqueue.r
     FOR EACH ROW WHEN (NEW.fair_key IS NOT NULL AND NEW.worker_id IS NULL AND OLD.worker_id IS NOT NULL)
     EXECUTE FUNCTION fairqueue._wake_fair_key();
 
--- Puts keys of a channel (whose row the caller holds) in turn. A key joins at the channel's current
--- key time (the lowest vtime in turn), so it neither brings credit from an idle spell nor waits
--- behind the keys already there; a key already in turn is left as it is.
-CREATE FUNCTION fairqueue._join_key_turns(p_channel text, p_keys text[])
+-- Puts keys of channels (whose rows the caller holds) in turn: key p_keys[i] of channel
+-- p_channels[i]. A key joins at its channel's current key time (the lowest vtime in turn), so it
+-- neither brings credit from an idle spell nor waits behind the keys already there; a key already in
+-- turn is left as it is.
+CREATE FUNCTION fairqueue._join_key_turns(p_channels text[], p_keys text[])
 RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO fairqueue.channel_key (channel, fair_key, vtime)
-    SELECT p_channel, k,
-           coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = p_channel
+    SELECT u.c, u.k,
+           coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c
                      ORDER BY t.channel, t.vtime, t.served_at, t.fair_key LIMIT 1), 0)
-    FROM (SELECT DISTINCT k FROM unnest(p_keys) AS k WHERE k IS NOT NULL ORDER BY k) AS u
+    FROM (SELECT DISTINCT x.c, x.k FROM unnest(p_channels, p_keys) AS x(c, k)
+          WHERE x.c IS NOT NULL AND x.k IS NOT NULL ORDER BY x.c, x.k) AS u
     ON CONFLICT (channel, fair_key) DO NOTHING
 $$;
 
--- Takes up to p_n ready jobs of a keyed channel whose row the caller holds, in turns across its keys
--- (and the '' turn of its jobs without a key), each key's jobs by priority, then enqueue order.
--- Returns their ids in turn order and whether the channel may have ready jobs left (false only when
--- every key ran dry: the caller then checks the channel with a fresh snapshot before idling it).
-CREATE FUNCTION fairqueue._take_keyed(p_channel text, p_n integer, p_now timestamptz,
-                                      OUT ids bigint[], OUT more boolean)
+-- Takes ready jobs of keyed channels whose rows the caller holds: up to p_ns[i] of channel
+-- p_channels[i] (0 or NULL: none), in turns across each channel's keys (and the '' turn of its jobs
+-- without a key), each key's jobs by priority, then enqueue order. One statement per round for every
+-- channel at once, so the cost per claim does not grow with the number of keyed channels it serves.
+-- Returns the ids in each channel's turn order with the position of their channel (pos), and per
+-- channel whether it may have ready jobs left (false only when every key it has ran dry: the caller
+-- then checks the channel with a fresh snapshot before idling it).
+CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_now timestamptz,
+                                      OUT pos integer[], OUT ids bigint[], OUT more boolean[])
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_left   integer := p_n;
+    v_left   integer[] := ARRAY(SELECT coalesce(n, 0) FROM unnest(p_ns) AS n);
     v_round  integer := 0;
-    v_keys   text[];
-    v_got    integer[];
-    v_taken  bigint[];
-    v_short  text[];
     v_skip   text[] := '{}';
+    v_unkeyed text[];
+    v_tpos   integer[];
+    v_tids   bigint[];
+    v_got    integer[];
+    v_sc     text[];
+    v_sk     text[];
 BEGIN
+    pos := '{}';
     ids := '{}';
     -- The jobs without a key take turns as one more key, ''. No wakeup announces them, so the turn
-    -- is looked for here: one probe of the head of the channel's unkeyed ready queue.
-    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_key k WHERE k.channel = p_channel AND k.fair_key = '')
-       AND (SELECT r.job_id FROM fairqueue.running_job r
-            WHERE r.channel = p_channel AND r.worker_id IS NULL AND r.fair_key IS NULL
-            ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL THEN
-        PERFORM fairqueue._join_key_turns(p_channel, ARRAY['']);
+    -- is looked for here: one probe of the head of each channel's unkeyed ready queue.
+    SELECT array_agg(u.name) INTO v_unkeyed
+    FROM unnest(p_channels, v_left) AS u(name, n)
+    WHERE u.n > 0
+      AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_key k WHERE k.channel = u.name AND k.fair_key = '')
+      AND (SELECT r.job_id FROM fairqueue.running_job r
+           WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NULL
+           ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL;
+    IF v_unkeyed IS NOT NULL THEN
+        PERFORM fairqueue._join_key_turns(v_unkeyed, array_fill(''::text, ARRAY[cardinality(v_unkeyed)]));
     END IF;
 
     LOOP
         v_round := v_round + 1;
-        -- The keys with the lowest vtime, each one's next slots (vtime, vtime + 1, ...), the lowest
-        -- v_left slots win; then each winning key's head jobs (index range scan, SKIP LOCKED; the
-        -- jobs this call took in an earlier round are still ready, and locked by this transaction).
-        WITH lanes AS MATERIALIZED (
-            SELECT k.fair_key, k.vtime, k.served_at
-            FROM fairqueue.channel_key k
-            WHERE k.channel = p_channel AND k.fair_key <> ALL (v_skip)
-            ORDER BY k.channel, k.vtime, k.served_at, k.fair_key
-            LIMIT v_left
+        -- Per channel: the keys with the lowest vtime, each one's next slots (vtime, vtime + 1, ...),
+        -- the channel's lowest slots win; then each winning key's head jobs (index range scan, SKIP
+        -- LOCKED; jobs taken in an earlier round are still ready, and locked by this transaction),
+        -- and each key is charged what it gave.
+        WITH need AS (
+            SELECT u.i, u.name, u.n FROM unnest(p_channels, v_left) WITH ORDINALITY AS u(name, n, i) WHERE u.n > 0
         ),
-        bounds AS (SELECT max(l.vtime) AS vmax, count(*) AS n FROM lanes l),
+        lanes AS MATERIALIZED (
+            SELECT n.i, n.name, n.n AS want, l.fair_key, l.vtime, l.served_at
+            FROM need n
+            CROSS JOIN LATERAL (
+                SELECT k.fair_key, k.vtime, k.served_at
+                FROM fairqueue.channel_key k
+                WHERE k.channel = n.name AND n.name || chr(31) || k.fair_key <> ALL (v_skip)
+                ORDER BY k.channel, k.vtime, k.served_at, k.fair_key
+                LIMIT n.n
+            ) AS l
+        ),
+        bounds AS (SELECT l.i, max(l.vtime) AS vmax, count(*) AS cnt FROM lanes l GROUP BY l.i),
         slots AS (
-            SELECT l.fair_key, l.served_at, l.vtime + g.n AS slot
-            FROM lanes l CROSS JOIN bounds b
+            SELECT l.i, l.want, l.fair_key, l.served_at, l.vtime + g.n AS slot
+            FROM lanes l JOIN bounds b ON b.i = l.i
             CROSS JOIN LATERAL generate_series(0, least(
-                v_left, floor(least(b.vmax - l.vtime, v_left))::integer + ceil(v_left::double precision / b.n)::integer + 1
+                l.want, floor(least(b.vmax - l.vtime, l.want))::integer + ceil(l.want::double precision / b.cnt)::integer + 1
             ) - 1) AS g(n)
         ),
         alloc AS (
-            SELECT s.fair_key, count(*)::integer AS n
-            FROM (SELECT fair_key, slot, served_at FROM slots ORDER BY slot, served_at, fair_key LIMIT v_left) AS s
-            GROUP BY s.fair_key
+            SELECT r.i, r.fair_key, count(*)::integer AS n
+            FROM (SELECT s.i, s.want, s.fair_key,
+                         row_number() OVER (PARTITION BY s.i ORDER BY s.slot, s.served_at, s.fair_key) AS rn
+                  FROM slots s) AS r
+            WHERE r.rn <= r.want
+            GROUP BY r.i, r.fair_key
         ),
         heads AS MATERIALIZED (
-            SELECT a.fair_key, a.n, l.vtime, l.served_at, coalesce(p.ids, '{}') AS ids
-            FROM alloc a JOIN lanes l USING (fair_key)
+            SELECT l.i, l.name, l.fair_key, a.n, l.vtime, l.served_at, coalesce(p.ids, '{}') AS ids
+            FROM alloc a JOIN lanes l ON l.i = a.i AND l.fair_key = a.fair_key
             CROSS JOIN LATERAL (
                 SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids
                 FROM (SELECT k.job_id, k.rank
                       FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
-                            WHERE a.fair_key <> '' AND r.channel = p_channel AND r.fair_key = a.fair_key
+                            WHERE l.fair_key <> '' AND r.channel = l.name AND r.fair_key = l.fair_key
                               AND r.worker_id IS NULL AND r.job_id <> ALL (ids)
                             ORDER BY r.channel, r.fair_key, r.rank, r.job_id
                             LIMIT a.n
@@ -121,53 +144,60 @@ BEGIN
                       UNION ALL
                       SELECT u.job_id, u.rank
                       FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
-                            WHERE a.fair_key = '' AND r.channel = p_channel AND r.fair_key IS NULL
+                            WHERE l.fair_key = '' AND r.channel = l.name AND r.fair_key IS NULL
                               AND r.worker_id IS NULL AND r.job_id <> ALL (ids)
                             ORDER BY r.channel, r.rank, r.job_id
                             LIMIT a.n
                             FOR UPDATE SKIP LOCKED) AS u) AS h
             ) AS p
         ),
+        charged AS (
+            UPDATE fairqueue.channel_key k
+            SET vtime = k.vtime + cardinality(h.ids), served_at = p_now
+            FROM heads h
+            WHERE k.channel = h.name AND k.fair_key = h.fair_key AND cardinality(h.ids) > 0
+        ),
         taken AS (
             -- the jobs in turn order: key slot vtime + k - 1 (ties to the least recently served key)
-            SELECT h.fair_key, x.id, h.vtime + x.k - 1 AS slot, h.served_at, x.k
+            SELECT h.i, x.id, h.vtime + x.k - 1 AS slot, h.served_at, h.fair_key, x.k
             FROM heads h CROSS JOIN LATERAL unnest(h.ids) WITH ORDINALITY AS x(id, k)
         )
-        SELECT (SELECT array_agg(h.fair_key ORDER BY h.fair_key) FROM heads h WHERE cardinality(h.ids) > 0),
-               (SELECT array_agg(cardinality(h.ids) ORDER BY h.fair_key) FROM heads h WHERE cardinality(h.ids) > 0),
-               coalesce((SELECT array_agg(t.id ORDER BY t.slot, t.served_at, t.fair_key, t.k) FROM taken t), '{}'),
-               coalesce((SELECT array_agg(h.fair_key) FROM heads h WHERE cardinality(h.ids) < h.n), '{}')
-        INTO v_keys, v_got, v_taken, v_short;
+        SELECT coalesce((SELECT array_agg(t.i ORDER BY t.i, t.slot, t.served_at, t.fair_key, t.k) FROM taken t), '{}'),
+               coalesce((SELECT array_agg(t.id ORDER BY t.i, t.slot, t.served_at, t.fair_key, t.k) FROM taken t), '{}'),
+               ARRAY(SELECT count(t.id)::integer
+                     FROM generate_subscripts(v_left, 1) AS g(i) LEFT JOIN taken t ON t.i = g.i
+                     GROUP BY g.i ORDER BY g.i),
+               coalesce((SELECT array_agg(h.name ORDER BY h.i, h.fair_key) FROM heads h WHERE cardinality(h.ids) < h.n),
+                        '{}'),
+               coalesce((SELECT array_agg(h.fair_key ORDER BY h.i, h.fair_key) FROM heads h
+                         WHERE cardinality(h.ids) < h.n), '{}')
+        INTO v_tpos, v_tids, v_got, v_sc, v_sk;
 
-        IF v_keys IS NOT NULL THEN
-            UPDATE fairqueue.channel_key k
-            SET vtime = k.vtime + u.got, served_at = p_now
-            FROM unnest(v_keys, v_got) AS u(fair_key, got)
-            WHERE k.channel = p_channel AND k.fair_key = u.fair_key;
-            ids := ids || v_taken;
-            v_left := v_left - cardinality(v_taken);
-        END IF;
-        IF cardinality(v_short) > 0 THEN
+        pos := pos || v_tpos;
+        ids := ids || v_tids;
+        v_left := ARRAY(SELECT u.n - u.g FROM unnest(v_left, v_got) WITH ORDINALITY AS u(n, g, i) ORDER BY u.i);
+        IF cardinality(v_sc) > 0 THEN
             -- Keys that gave fewer jobs than they won leave the turns if a fresh snapshot (a new
             -- statement) finds nothing ready in them but what this claim just took.
             DELETE FROM fairqueue.channel_key k
-            WHERE k.channel = p_channel AND k.fair_key = ANY (v_short)
+            USING unnest(v_sc, v_sk) AS s(channel, fair_key)
+            WHERE k.channel = s.channel AND k.fair_key = s.fair_key
               AND CASE WHEN k.fair_key = '' THEN
                        (SELECT r.job_id FROM fairqueue.running_job r
-                        WHERE r.channel = p_channel AND r.fair_key IS NULL AND r.worker_id IS NULL
+                        WHERE r.channel = k.channel AND r.fair_key IS NULL AND r.worker_id IS NULL
                           AND r.job_id <> ALL (ids)
                         ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL
                    ELSE
                        (SELECT r.job_id FROM fairqueue.running_job r
-                        WHERE r.channel = p_channel AND r.fair_key = k.fair_key AND r.worker_id IS NULL
+                        WHERE r.channel = k.channel AND r.fair_key = k.fair_key AND r.worker_id IS NULL
                           AND r.job_id <> ALL (ids)
                         ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
                    END;
-            v_skip := v_skip || v_short;
+            v_skip := v_skip || ARRAY(SELECT c || chr(31) || k FROM unnest(v_sc, v_sk) AS s(c, k));
         END IF;
-        EXIT WHEN v_left <= 0 OR v_round >= 8;
-        -- no key left with room (every one came up short, or none is in turn)
-        EXIT WHEN v_keys IS NULL AND cardinality(v_short) = 0;
+        EXIT WHEN v_round >= 8 OR NOT EXISTS (SELECT 1 FROM unnest(v_left) AS n WHERE n > 0);
+        -- no key left with room in any channel still short (every one came up short, or none is in turn)
+        EXIT WHEN cardinality(v_tids) = 0 AND cardinality(v_sc) = 0;
     END LOOP;
-    more := v_left <= 0;
+    more := ARRAY(SELECT n <= 0 FROM unnest(v_left) AS n);
 END $$;

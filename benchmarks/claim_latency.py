@@ -61,7 +61,8 @@ def fill(conn: psycopg.Connection[Any], jobs: int, channels: int, *, mixed: bool
             "  p_priorities => CASE WHEN %(mixed)s THEN ARRAY("
             "    SELECT (%(prio)s::smallint[])[1 + (g + %(off)s) %% %(np)s] FROM generate_series(1, %(n)s) g) END,"
             "  p_fair_keys => CASE WHEN %(k)s > 0 THEN ARRAY("
-            "    SELECT 'user' || (((g + %(off)s) / %(c)s) %% greatest(%(k)s, 1)) FROM generate_series(1, %(n)s) g) END)",
+            "    SELECT 'user' || (((g + %(off)s) / %(c)s) %% greatest(%(k)s, 1))"
+            "    FROM generate_series(1, %(n)s) g) END)",
             {
                 "n": n,
                 "off": done,

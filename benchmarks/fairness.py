@@ -18,17 +18,30 @@
    second left out) and Jain's fairness index (sum x)^2 / (n * sum x^2) of those rates, 1.0 when
    every channel gets the same. Target: >= 0.99. fairqueue and the loop (whose FIFO order is only
    as fair as the refills happen to be).
+3. Two levels (fairqueue only: the peers have no fair keys). Three tenants kept backlogged: "acme"
+   runs one bulk import (every job with the fair key "import"), "globex" spreads its jobs over 1,000
+   fair keys (one per user), "initech" has one key. Inside acme, Alice (key "alice") enqueues one job
+   a second, one per transaction. Reported: jobs started per tenant per second and Jain's index of
+   those rates (target >= 0.99: globex's 1,000 keys win it no more than initech's one), Alice's
+   wait p50 / p95 / max, and how many of acme's turns (claims that served its import) passed
+   between her enqueue and her start (target: p95 <= 1, though her own tenant floods her).
+
+    python -m benchmarks.fairness --only two-levels     # just the third scenario
 """
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
 import psycopg
 
+import fairqueue
 from benchmarks._common import Run, now, parser, percentiles, session, target_cell, wait_for, worker_options
-from benchmarks._systems import System, side_by_side
+from benchmarks._systems import Fairqueue, System, side_by_side
+from benchmarks.peer_workers import pace
+from benchmarks.tasks import noop
 
 CLAIM_CYCLE_SQL = """
 WITH claims AS (
@@ -153,6 +166,124 @@ def equal_channels(run: Run, system: System, args: Any) -> dict[str, Any]:
     }
 
 
+TENANTS = ("acme", "globex", "initech")
+
+
+def _tenant_jobs(channel: str, n: int, rng: random.Random) -> list[fairqueue.JobSpec]:
+    keys = {"acme": lambda: "import", "globex": lambda: f"user-{rng.randrange(1000)}", "initech": lambda: "only"}
+    return [fairqueue.JobSpec(noop.name, channel=channel, fair_key=keys[channel]()) for _ in range(n)]
+
+
+def two_levels(run: Run, args: Any) -> dict[str, Any]:
+    """Scenario 3: tenants with one bulk key, 1,000 keys and one key; Alice trickles into the bulk one."""
+    system = Fairqueue(args.processes, args.concurrency, args.batch)
+    url = run.database("fq_fairness")
+    system.setup(url)
+    rng = random.Random(3)
+    per_tenant = args.backlog // len(TENANTS)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for tenant in TENANTS:
+            fairqueue.enqueue_many(conn, _tenant_jobs(tenant, per_tenant, rng))
+
+        def add(channel: str, n: int) -> None:
+            with conn.transaction():
+                fairqueue.enqueue_many(conn, _tenant_jobs(channel, n, rng))
+
+        def alice() -> int:
+            return fairqueue.enqueue(conn, noop.name, channel="acme", fair_key="alice")
+
+        workers = system.start(url)
+        try:
+            t0 = now(conn)
+            load = pace.keep_backlogged(
+                lambda: dict(conn.execute(system.queued_by_channel_sql).fetchall()),
+                add,
+                list(TENANTS),
+                trickle=alice,
+                seconds=args.seconds,
+                backlog=per_tenant,
+                low=per_tenant * 6 // 10,
+                start_at=time.time() + 0.2,
+            )
+            t1 = now(conn)
+            ids = load["trickled_ids"]
+            assert isinstance(ids, list)
+            wait_for(
+                conn,
+                f"SELECT count(*) = {len(ids)} FROM fairqueue.completed_job WHERE job_id = ANY(ARRAY{ids}::bigint[])",
+                timeout=600,
+                what="Alice's jobs to start",
+            )
+        finally:
+            workers.stop()
+        waits = [
+            float(w)
+            for (w,) in conn.execute(
+                "SELECT extract(epoch FROM started_at - enqueued_at) * 1000 FROM fairqueue.completed_job "
+                "WHERE job_id = ANY(%s)",
+                (ids,),
+            )
+        ]
+        counts: dict[str, int] = dict(
+            conn.execute(
+                "SELECT channel, count(*) FROM fairqueue.completed_job WHERE fair_key IS DISTINCT FROM 'alice' "
+                "AND started_at >= %s + interval '1 second' AND started_at < %s GROUP BY channel",
+                (t0, t1),
+            ).fetchall()
+        )
+        # acme's turns each of Alice's jobs waited: claims that served acme's import (distinct started_at)
+        # after her enqueue and before her start
+        turns = [
+            int(n)
+            for (n,) in conn.execute(
+                "SELECT (SELECT count(DISTINCT i.started_at) FROM fairqueue.completed_job i "
+                "        WHERE i.channel = 'acme' AND i.fair_key = 'import'"
+                "          AND i.started_at > a.enqueued_at AND i.started_at < a.started_at) "
+                "FROM fairqueue.completed_job a WHERE a.job_id = ANY(%s) AND a.final",
+                (ids,),
+            )
+        ]
+        row = conn.execute(CLAIM_CYCLE_SQL, {"t0": t0, "t1": t1}).fetchone()
+        assert row is not None
+        cycle, jobs_per_claim, _claims = row
+    seconds = (t1 - t0).total_seconds() - 1
+    rates = {c: counts.get(c, 0) / seconds for c in TENANTS}
+    index = jain(list(rates.values()))
+    wait = percentiles(waits, (50, 95))
+    turns_waited = percentiles([float(t) for t in turns], (50, 95))
+    return {
+        "system": system.label,
+        "per_tenant_per_s": {c: round(r, 1) for c, r in rates.items()},
+        "jain": index,
+        "alice_jobs": len(waits),
+        "alice_wait_ms": wait,
+        "claim_cycle_ms": cycle,
+        "jobs_per_claim": jobs_per_claim,
+        "alice_turns_waited": turns_waited,
+        "target_met": {"jain": index >= 0.99, "alice": turns_waited["p95"] <= 1},
+    }
+
+
+def two_levels_table(r: dict[str, Any], args: Any) -> list[str]:
+    rates = r["per_tenant_per_s"]
+    w = r["alice_wait_ms"]
+    t = r["alice_turns_waited"]
+    met = r["target_met"]
+    return [
+        f"Two levels, for {args.seconds:g} s: acme runs a bulk import under one fair key while Alice (her own key, "
+        "same tenant) enqueues 1 job/s; globex spreads its jobs over 1,000 keys; initech has one key. "
+        f"{r['system']}:",
+        "",
+        "| acme / globex / initech started | Jain's index | target >= 0.99 | Alice's wait p50 / p95 / max | "
+        "one claim cycle (jobs per claim) | acme's turns Alice waited p50 / p95 / max | target: p95 <= 1 |",
+        "|---|---:|---|---|---|---|---|",
+        f"| {rates['acme']:,.1f} / {rates['globex']:,.1f} / {rates['initech']:,.1f} jobs/s | {r['jain']:.4f} | "
+        f"{target_cell('fairqueue', met['jain'])} | {w['p50']:,.1f} / {w['p95']:,.1f} / {w['max']:,.1f} ms | "
+        f"{r['claim_cycle_ms']:.1f} ms ({r['jobs_per_claim']:g}) | {t['p50']:g} / {t['p95']:g} / {t['max']:g} | "
+        f"{target_cell('fairqueue', met['alice'])} |",
+    ]
+
+
 def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) -> list[str]:
     lines = [
         f"Bob keeps {args.backlog:,} jobs queued, Alice enqueues 1 job/s for {args.seconds:g} s:",
@@ -193,9 +324,18 @@ def main() -> None:
     p.add_argument("--backlog", type=int, help="jobs kept queued: Bob's, or shared by the channels (default 5,000)")
     p.add_argument("--channels", type=int, default=10, help="equally loaded channels (default 10)")
     worker_options(p, concurrency=10, batch=10)
+    p.add_argument("--only", choices=["two-levels"], help="run only this scenario (fairqueue alone)")
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.backlog = args.backlog or (2_000 if args.quick else 5_000)
+    if args.only == "two-levels":
+        with session("fairness", args) as run:
+            r = two_levels(run, args)
+            print(f"two levels: {r['per_tenant_per_s']} Jain {r['jain']:.4f} Alice {r['alice_wait_ms']}", flush=True)
+            run.finish(
+                {"two_levels": r}, "Fairness at two levels: tenants and their fair keys", two_levels_table(r, args)
+            )
+        return
     with session("fairness", args, peers=True) as run:
         systems = side_by_side(run.python, args.processes, args.concurrency, args.batch)
         floods = []
@@ -209,10 +349,12 @@ def main() -> None:
                 e = equal_channels(run, system, args)
                 equal.append(e)
                 print(f"equal channels: {system.label}: {e['per_channel_per_s']} Jain {e['jain']:.4f}", flush=True)
+        levels = two_levels(run, args)
+        print(f"two levels: {levels['per_tenant_per_s']} Jain {levels['jain']:.4f}", flush=True)
         run.finish(
-            {"flood": floods, "equal_channels": equal},
+            {"flood": floods, "equal_channels": equal, "two_levels": levels},
             "Fairness under saturation",
-            table(floods, equal, args),
+            [*table(floods, equal, args), "", *two_levels_table(levels, args)],
             [
                 f"{args.processes} worker processes per system, claim batch {args.batch}. Waits from each system's "
                 "own database timestamps (benchmarks/_systems.py); a claim cycle is the median time between two "

@@ -46,7 +46,7 @@ __all__ = ["BatchResult", "BulkEnqueueError", "abulk_enqueue", "bulk_enqueue"]
 CHUNK = 20_000
 #: The session's staging table (temporary: private to the session, gone at its end; emptied at commit).
 STAGE = "fairqueue_bulk_stage"
-#: Every column a staged job can have, in COPY order for :func:`bulk_enqueue`.
+#: The columns of a batch of :func:`bulk_enqueue` whose jobs have no fair key, in COPY order.
 ALL_COLUMNS = (
     "kind",
     "channel",
@@ -59,6 +59,10 @@ ALL_COLUMNS = (
     "depends_on",
     "priority",
 )
+#: The columns of a batch in which some job has a fair key: the same plus ``fair_key``, last. Only such
+#: a batch carries the column, so a batch without fair keys has the COPY text and digest it always had
+#: (a bulk run's ledger recorded before fair keys still matches it).
+KEYED_COLUMNS = (*ALL_COLUMNS, "fair_key")
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -116,6 +120,8 @@ def ensure_stage(conn: psycopg.Connection[Any]) -> None:
         row = cur.execute(Q.bulk_stage_exists).fetchone()
         if not (row and row[0]):
             cur.execute(Q.bulk_create_stage)
+        elif not row[1]:  # made by an older fairqueue in this session (through a pooler, say)
+            cur.execute(Q.bulk_stage_add_fair_key)
 
 
 def recorded_batch(conn: psycopg.Connection[Any], run_id: str, batch_key: str) -> tuple[str, BatchResult] | None:
@@ -175,7 +181,7 @@ def enqueue_staged(
 
 
 def _copy_sql(columns: Sequence[str]) -> sql.Composed:
-    unknown = set(columns) - set(ALL_COLUMNS)
+    unknown = set(columns) - set(KEYED_COLUMNS)
     if unknown:
         raise ValueError(f"unknown staging columns {sorted(unknown)}")
     return sql.SQL(Q.bulk_copy_into_stage).format(columns=sql.SQL(", ").join(map(sql.Identifier, columns)))
@@ -221,6 +227,7 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     get("fifo_key"),
                     get("after"),
                     get("priority", 0),
+                    get("fair_key"),
                 )
             elif isinstance(spec, JobSpec):
                 job = _check(
@@ -235,6 +242,7 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     spec.fifo_key,
                     spec.after,
                     spec.priority,
+                    spec.fair_key,
                 )
             else:
                 raise InvalidJobError(f"expected a JobSpec or a mapping, got {type(spec).__name__}")
@@ -295,7 +303,7 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
                 dependencies = {d for job in chunk for d in (job.after or ())}
                 if dependencies:
                     _check_dependencies_exist(executor_for(conn), dependencies)
-                result = enqueue_staged(conn, data, ALL_COLUMNS, trace_context=trace)
+                result = enqueue_staged(conn, data, _columns(chunk), trace_context=trace)
                 jobs_in, created = jobs_in + result.jobs, created + result.created
                 if helper is not None:
                     item = ready.get()
@@ -315,26 +323,35 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
     return BatchResult(jobs_in, created)
 
 
+def _keyed(checked: list[_Checked]) -> bool:
+    return any(j.fair_key is not None for j in checked)
+
+
+def _columns(checked: list[_Checked]) -> tuple[str, ...]:
+    """The staged columns of these jobs (of :func:`_copy_text`'s rows)."""
+    return KEYED_COLUMNS if _keyed(checked) else ALL_COLUMNS
+
+
 def _copy_text(checked: list[_Checked]) -> str:
+    """The jobs' rows in COPY text format, of :func:`_columns`: the fair key is a last field only when
+    some job has one (so that a batch without keys has the text, and digest, it always had)."""
+    keyed = _keyed(checked)
     lines = []
     for j in checked:
         args = j.args.replace("\\", "\\\\") if "\\" in j.args else j.args  # JSON text has no raw tabs or newlines
-        lines.append(
-            "\t".join(
-                (
-                    _escape_name(j.kind),
-                    _escape_name(j.channel),
-                    args,
-                    NULL if j.run_at is None else j.run_at.isoformat(),
-                    str(j.max_attempts),
-                    NULL if j.timeout is None else repr(j.timeout),
-                    escape(j.unique_key),
-                    escape(j.fifo_key),
-                    NULL if j.after is None else "[" + ",".join(map(str, j.after)) + "]",
-                    str(j.priority),
-                )
-            )
+        fields = (
+            _escape_name(j.kind),
+            _escape_name(j.channel),
+            args,
+            NULL if j.run_at is None else j.run_at.isoformat(),
+            str(j.max_attempts),
+            NULL if j.timeout is None else repr(j.timeout),
+            escape(j.unique_key),
+            escape(j.fifo_key),
+            NULL if j.after is None else "[" + ",".join(map(str, j.after)) + "]",
+            str(j.priority),
         )
+        lines.append("\t".join((*fields, escape(j.fair_key)) if keyed else fields))
     lines.append("")
     return "\n".join(lines)
 
@@ -371,8 +388,8 @@ def bulk_enqueue(
     if dependencies:
         _check_dependencies_exist(executor_for(db), dependencies)
     conn = _psycopg_connection(db)
-    data = _copy_text(checked)
-    digest = digest_of(data, *ALL_COLUMNS) if run_id is not None else None
+    data, columns = _copy_text(checked), _columns(checked)
+    digest = digest_of(data, *columns) if run_id is not None else None
     if run_id is not None and batch_key is None:
         batch_key = digest
     # A first statement begins the caller's transaction where psycopg begins one implicitly (a
@@ -383,7 +400,7 @@ def bulk_enqueue(
         return enqueue_staged(
             conn,
             data,
-            ALL_COLUMNS,
+            columns,
             run_id=run_id,
             batch_key=batch_key,
             digest=digest,
@@ -438,11 +455,12 @@ async def abulk_enqueue(
         await _aensure_stage(conn)  # begins the caller's transaction where psycopg would
         trace = trace_context()
         if run_id is not None:
-            data = _copy_text(checked)
-            digest = digest_of(data, *ALL_COLUMNS)
+            data, columns = _copy_text(checked), _columns(checked)
+            digest = digest_of(data, *columns)
             return await _aenqueue_staged(
                 conn,
                 data,
+                columns,
                 run_id=run_id,
                 batch_key=batch_key or digest,
                 digest=digest,
@@ -452,7 +470,8 @@ async def abulk_enqueue(
         jobs_in, created_count = 0, 0
         async with conn.transaction():
             for start in range(0, len(checked), CHUNK):
-                result = await _aenqueue_staged(conn, _copy_text(checked[start : start + CHUNK]), trace_context=trace)
+                chunk = checked[start : start + CHUNK]
+                result = await _aenqueue_staged(conn, _copy_text(chunk), _columns(chunk), trace_context=trace)
                 jobs_in, created_count = jobs_in + result.jobs, created_count + result.created
         return BatchResult(jobs_in, created_count)
     except psycopg.Error as exc:
@@ -466,11 +485,14 @@ async def _aensure_stage(conn: psycopg.AsyncConnection[Any]) -> None:
         row = await cur.fetchone()
         if not (row and row[0]):
             await cur.execute(Q.bulk_create_stage)
+        elif not row[1]:
+            await cur.execute(Q.bulk_stage_add_fair_key)
 
 
 async def _aenqueue_staged(
     conn: psycopg.AsyncConnection[Any],
     data: str,
+    columns: Sequence[str],
     *,
     run_id: str | None = None,
     batch_key: str | None = None,
@@ -478,7 +500,8 @@ async def _aenqueue_staged(
     call_id: str | None = None,
     trace_context: str | None = None,
 ) -> BatchResult:
-    """:func:`enqueue_staged` of every column (:data:`ALL_COLUMNS`) on an AsyncConnection."""
+    """:func:`enqueue_staged` of :func:`bulk_enqueue`'s columns (:data:`ALL_COLUMNS` or
+    :data:`KEYED_COLUMNS`) on an AsyncConnection."""
     inside_caller_transaction = conn.info.transaction_status == pq.TransactionStatus.INTRANS
     params = {
         "kind": None,
@@ -493,7 +516,7 @@ async def _aenqueue_staged(
     try:
         async with conn.transaction(), conn.cursor() as cur:
             await _aensure_stage(conn)
-            async with cur.copy(_copy_sql(ALL_COLUMNS)) as copy:
+            async with cur.copy(_copy_sql(columns)) as copy:
                 await copy.write(data)
             await cur.execute(Q.bulk_enqueue_staged, params)
             row = await cur.fetchone()

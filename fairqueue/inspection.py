@@ -44,6 +44,7 @@ class JobInfo:
     started_at: datetime | None = None  # when the attempt running now started (None unless running)
     priority: int = 0  # within its channel, higher first (-100 to 100); a retry keeps it
     not_before: datetime | None = None  # the run_at it was enqueued with (None once it has finished)
+    fair_key: str | None = None  # the key it takes turns by within its channel; a retry keeps it
 
     @property
     def finished(self) -> bool:
@@ -66,7 +67,7 @@ def _get_job(job_id: object) -> Steps[JobInfo | None]:
     if not rows:
         return None
     r = rows[0]
-    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[16:23]), strict=True)]
+    attempts = [Attempt(*a) for a in zip(*(column or () for column in r[17:24]), strict=True)]
     return JobInfo(
         id=r[0],
         kind=r[1],
@@ -84,6 +85,7 @@ def _get_job(job_id: object) -> Steps[JobInfo | None]:
         started_at=r[13],
         priority=r[14],
         not_before=r[15],
+        fair_key=r[16],
     )
 
 

@@ -45,6 +45,7 @@ class JobSpec:
     fifo_key: str | None = None
     after: Iterable[int] | None = field(default=None)
     priority: int = 0
+    fair_key: str | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per job
@@ -59,6 +60,7 @@ class _Checked:
     fifo_key: str | None
     after: list[int] | None
     priority: int
+    fair_key: str | None
 
 
 def _check(
@@ -73,6 +75,7 @@ def _check(
     fifo_key: object,
     after: object,
     priority: object = 0,
+    fair_key: object = None,
 ) -> _Checked:
     return _Checked(
         kind=check_name("kind", kind) if type(kind) is str else check_text("kind", kind),
@@ -89,6 +92,7 @@ def _check(
         fifo_key=check_optional_text("fifo_key", fifo_key),
         after=check_after(after),
         priority=0 if priority == 0 and type(priority) is int else check_priority(priority),
+        fair_key=None if fair_key is None else check_text("fair_key", fair_key),
     )
 
 
@@ -120,6 +124,7 @@ def enqueue(
     after: Iterable[int] | None = None,
     on_duplicate: OnDuplicate = "return",
     priority: int = 0,
+    fair_key: str | None = None,
 ) -> int:
     """Adds a job in the transaction of ``db`` and returns its id.
 
@@ -135,6 +140,11 @@ def enqueue(
     - ``after``: job ids that must succeed first; if one fails for good, so does this job.
     - ``priority``: from -100 to 100 (default 0): within its channel, higher runs first, then enqueue
       order. It never takes another channel's turn, and a FIFO key still runs in enqueue order.
+    - ``fair_key``: within its channel, jobs take turns across their fair keys (one key's flood does
+      not hold back another key's jobs); the channel's share of the workers does not depend on how
+      many keys it uses. 1 to 255 characters, no control characters (a user or an integration of the
+      tenant, say); priority orders the jobs of one key, and the jobs without a key take turns as one
+      more key.
 
     Bad input raises :class:`InvalidJobError` before anything is written.
     """
@@ -153,6 +163,7 @@ def enqueue(
             after,
             on_duplicate,
             priority,
+            fair_key,
         ),
         "enqueue",
     )
@@ -173,6 +184,7 @@ async def aenqueue(
     after: Iterable[int] | None = None,
     on_duplicate: OnDuplicate = "return",
     priority: int = 0,
+    fair_key: str | None = None,
 ) -> int:
     """:func:`enqueue` for async code: ``await aenqueue(db, ...)`` with ``db`` a SQLAlchemy
     ``AsyncSession`` or ``AsyncConnection`` (drivers psycopg 3 or asyncpg) or a psycopg 3
@@ -192,6 +204,7 @@ async def aenqueue(
             after,
             on_duplicate,
             priority,
+            fair_key,
         ),
         "aenqueue",
     )
@@ -210,11 +223,14 @@ def _enqueue(
     after: object,
     on_duplicate: object,
     priority: object,
+    fair_key: object = None,
 ) -> Steps[int]:
     """enqueue's steps (shared by enqueue and aenqueue)."""
     if on_duplicate not in ("return", "raise"):
         raise InvalidJobError(f"on_duplicate must be 'return' or 'raise', got {on_duplicate!r}")
-    job = _check(kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, priority)
+    job = _check(
+        kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, priority, fair_key
+    )
     if job.after:
         yield from _dependencies_exist(set(job.after))
     [(job_id, created)] = yield (
@@ -231,6 +247,7 @@ def _enqueue(
             job.after,
             job.priority,
             trace_context(),
+            job.fair_key,
         ),
     )
     if not created and on_duplicate == "raise":
@@ -242,8 +259,9 @@ def _enqueue(
 def enqueue_many(db: object, jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[int]:
     """Adds many jobs in one statement, in the transaction of ``db``; returns their ids in input order.
 
-    Each job is a :class:`JobSpec` or a mapping with the same keys. Every job is checked before any is
-    written. Jobs whose unique key is held by an unfinished job get that job's id back.
+    Each job is a :class:`JobSpec` or a mapping with the same keys (``fair_key`` among them). Every job
+    is checked before any is written. Jobs whose unique key is held by an unfinished job get that
+    job's id back.
     """
     return [job_id for job_id, _ in run(db, _enqueue_many(_check_many(jobs)), "enqueue_many")]
 
@@ -279,6 +297,7 @@ def _check_many(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]:
                     spec.fifo_key,
                     spec.after,
                     spec.priority,
+                    spec.fair_key,
                 )
             )
         except InvalidJobError as exc:
@@ -309,6 +328,7 @@ def _enqueue_many(checked: list[_Checked]) -> Steps[list[tuple[int, bool]]]:
             column([None if j.after is None else "[" + ",".join(map(str, j.after)) + "]" for j in checked]),
             None if all(j.priority == 0 for j in checked) else [j.priority for j in checked],
             None if (trace := trace_context()) is None else [trace] * len(checked),
+            column([j.fair_key for j in checked]),
         ),
     )
     return [(int(job_id), bool(created)) for _, job_id, created in rows]

@@ -5,6 +5,7 @@
 
     send_invoice.enqueue(session, invoice_id=7)                        # in the caller's transaction
     send_invoice.using(channel="tenant-42", delay=60).enqueue(session, 7)
+    send_invoice.using(channel="tenant-42", fair_key="user-7").enqueue(session, 7)  # turns by user
     await send_invoice.aenqueue(async_session, invoice_id=7)          # the same, from async code
 
 A task that takes a :class:`JobContext` (``pass_context=True``) sees its job (id, attempt, channel)
@@ -175,6 +176,7 @@ class _Options:
     after: Iterable[int] | None = None
     on_duplicate: OnDuplicate = "return"
     priority: int | None = None
+    fair_key: str | None = None
 
 
 class Task[**P, R]:
@@ -279,12 +281,24 @@ class Task[**P, R]:
         after: Iterable[int] | None = None,
         on_duplicate: OnDuplicate = "return",
         priority: int | None = None,
+        fair_key: str | None = None,
     ) -> BoundTask[P, R]:
-        """This task with job options for the next enqueue (see :func:`fairqueue.enqueue`)."""
+        """This task with job options for the next enqueue (see :func:`fairqueue.enqueue`); ``fair_key``
+        takes turns with the channel's other keys, as for :func:`fairqueue.enqueue`."""
         return BoundTask(
             self,
             _Options(
-                channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, on_duplicate, priority
+                channel,
+                run_at,
+                delay,
+                max_attempts,
+                timeout,
+                unique_key,
+                fifo_key,
+                after,
+                on_duplicate,
+                priority,
+                fair_key,
             ),
         )
 
@@ -330,6 +344,7 @@ class BoundTask[**P, R]:
             "after": o.after,
             "on_duplicate": o.on_duplicate,
             "priority": t.priority if o.priority is None else o.priority,
+            "fair_key": o.fair_key,
         }
 
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
@@ -346,6 +361,7 @@ class BoundTask[**P, R]:
             fifo_key=o.fifo_key,
             after=o.after,
             priority=t.priority if o.priority is None else o.priority,
+            fair_key=o.fair_key,
         )
 
 

@@ -20,14 +20,23 @@ def connection() -> Any:
     return connections[conf.get().database]
 
 
-def enqueue(kind: str, args: Mapping[str, Any] | None = None, *, channel: str | None = None, **options: Any) -> int:
+def enqueue(
+    kind: str,
+    args: Mapping[str, Any] | None = None,
+    *,
+    channel: str | None = None,
+    fair_key: str | None = None,
+    **options: Any,
+) -> int:
     """:func:`fairqueue.enqueue` on Django's connection: inside ``transaction.atomic()`` the job
     commits or rolls back with the block (a savepoint that rolls back takes the job with it). Without
-    ``channel`` the job goes to ``FAIRQUEUE['DEFAULT_CHANNEL']``. ``options`` are enqueue's (run_at,
-    delay, max_attempts, timeout, unique_key, fifo_key, after, ...)."""
+    ``channel`` the job goes to ``FAIRQUEUE['DEFAULT_CHANNEL']``. ``fair_key``: within its channel,
+    jobs take turns across their fair keys (one key's flood does not hold back another key's jobs).
+    ``options`` are enqueue's (run_at, delay, max_attempts, timeout, unique_key, fifo_key, after,
+    priority, ...)."""
     if channel is None:
         channel = conf.get().default_channel
-    return fairqueue.enqueue(connection(), kind, args, channel=channel, **options)
+    return fairqueue.enqueue(connection(), kind, args, channel=channel, fair_key=fair_key, **options)
 
 
 def enqueue_task(task: Task[Any, Any], /, *args: Any, **kwargs: Any) -> int:

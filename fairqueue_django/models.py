@@ -73,6 +73,7 @@ class RunningJob(ReadOnlyModel):
     started_at = models.DateTimeField(null=True)
     cancel_requested = models.BooleanField()
     rank = models.SmallIntegerField()  # minus the job's priority (the ready index's order)
+    fair_key = models.TextField("fair key", null=True)  # a copy of the job's
 
     class Meta:
         managed = False
@@ -207,6 +208,7 @@ class Job(ReadOnlyModel):
     created_at = models.DateTimeField("enqueued at")
     priority = models.SmallIntegerField(default=0)  # within its channel, higher first
     trace_context = models.JSONField(null=True)
+    fair_key = models.TextField("fair key", null=True)  # takes turns by it within its channel
 
     objects: ClassVar[Any] = QueueManager.from_queryset(JobQuerySet)()
 
@@ -253,6 +255,7 @@ class CompletedJob(ReadOnlyModel):
     started_at = models.DateTimeField(null=True)
     finished_at = models.DateTimeField()
     priority = models.SmallIntegerField(default=0)
+    fair_key = models.TextField("fair key", null=True)
 
     class Meta:
         managed = False
@@ -315,6 +318,7 @@ class Channel(ReadOnlyModel):
     throttled_until = models.DateTimeField(null=True)
     created_at = models.DateTimeField()
     eligible = models.BooleanField()
+    keyed = models.BooleanField()  # its jobs may have fair keys: they take turns by key
 
     objects: ClassVar[Any] = QueueManager.from_queryset(ChannelQuerySet)()
 

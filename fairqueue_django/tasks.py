@@ -31,6 +31,15 @@ How Django's task model maps onto fairqueue:
   ``FAIRQUEUE['DEFAULT_CHANNEL']``, and that channel reads back as ``"default"``. Without ``QUEUES``
   in the backend's settings every queue name is allowed (Django's own default would allow only
   ``"default"``); with ``QUEUES``, only those.
+- With ``OPTIONS["FAIR_KEY_SEPARATOR"]`` set (say ``":"``), a queue name may also carry the job's
+  fair key: ``task.using(queue_name="acme:user-42")`` enqueues into channel ``"acme"`` with fair key
+  ``"user-42"`` (the name is split at the first separator; a name without it has no fair key). Within
+  its channel, jobs take turns across their fair keys (one key's flood does not hold back another
+  key's jobs); the channel's share of the workers does not depend on how many keys it uses. The job
+  reads back (``get_result``, the worker's TaskResult) with the same queue name, ``"acme:user-42"``;
+  ``"default:user-42"`` is a key of ``FAIRQUEUE['DEFAULT_CHANNEL']``. ``using`` refuses a name whose
+  channel (1 to 200 characters) or key (1 to 255 characters) cannot be, and ``QUEUES``, when given,
+  lists the channels allowed (any key may follow them).
 - ``priority`` (Django's, -100 to 100, default 0) is the job's fairqueue priority: within its
   channel (its queue), higher runs first, then enqueue order; it never takes another channel's turn.
   ``run_after`` becomes the job's ``run_at``.
@@ -65,7 +74,9 @@ How Django's task model maps onto fairqueue:
 
 OPTIONS (all optional): ``DATABASE`` (a Django alias, default ``FAIRQUEUE['DATABASE']``),
 ``MAX_ATTEMPTS`` (default fairqueue's, 3), ``TIMEOUT`` (seconds per attempt, default none),
-``RETRY_BACKOFF`` / ``RETRY_BACKOFF_MAX`` (seconds, default 1 / 300: exponential, jittered).
+``RETRY_BACKOFF`` / ``RETRY_BACKOFF_MAX`` (seconds, default 1 / 300: exponential, jittered),
+``FAIR_KEY_SEPARATOR`` (default None: off; 1 to 16 characters without control characters, such as
+``":"``: splits a queue name into channel and fair key at its first occurrence, as above).
 """
 
 from __future__ import annotations
@@ -107,7 +118,9 @@ __all__ = ["FairQueueBackend", "InvalidTaskArguments"]
 
 log = logging.getLogger("fairqueue.django.tasks")
 
-OPTIONS = frozenset({"DATABASE", "MAX_ATTEMPTS", "TIMEOUT", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX"})
+OPTIONS = frozenset({"DATABASE", "MAX_ATTEMPTS", "TIMEOUT", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX", "FAIR_KEY_SEPARATOR"})
+#: The longest FAIR_KEY_SEPARATOR (it goes between a channel name and a fair key).
+MAX_SEPARATOR = 16
 
 STATUSES = {
     "ready": TaskResultStatus.READY,
@@ -173,6 +186,10 @@ class FairQueueBackend(BaseTaskBackend):
         if cap < base:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: RETRY_BACKOFF_MAX is below RETRY_BACKOFF")
         self.backoff = Backoff(base, cap, jitter=True)
+        #: splits a queue name into channel and fair key (None: queue names are channels)
+        self.fair_key_separator: str | None = option(
+            "FAIR_KEY_SEPARATOR", None, lambda name, v: check_text(name, v, max_len=MAX_SEPARATOR)
+        )
 
     # -- mapping ------------------------------------------------------------------------------------
 
@@ -181,29 +198,65 @@ class FairQueueBackend(BaseTaskBackend):
         """The Django database alias holding the queue (read on every use: override_settings works)."""
         return self._database or conf.get().database
 
-    def channel_for(self, queue_name: str) -> str:
-        return conf.get().default_channel if queue_name == DEFAULT_TASK_QUEUE_NAME else queue_name
+    def split_queue_name(self, queue_name: str) -> tuple[str, str | None]:
+        """(queue, fair key) of a queue name: split at the first ``FAIR_KEY_SEPARATOR``; the whole
+        name and None when the option is off or the name does not contain it."""
+        separator = self.fair_key_separator
+        if separator is None or not isinstance(queue_name, str) or separator not in queue_name:
+            return queue_name, None
+        queue, key = queue_name.split(separator, 1)
+        return queue, key
 
-    def queue_name_for(self, channel: str) -> str:
-        return DEFAULT_TASK_QUEUE_NAME if channel == conf.get().default_channel else channel
+    def channel_for(self, queue_name: str) -> str:
+        """The channel of a queue name (without its fair key, if it carries one)."""
+        queue, _ = self.split_queue_name(queue_name)
+        return conf.get().default_channel if queue == DEFAULT_TASK_QUEUE_NAME else queue
+
+    def fair_key_for(self, queue_name: str) -> str | None:
+        """The fair key a queue name carries (with ``FAIR_KEY_SEPARATOR`` set), or None."""
+        return self.split_queue_name(queue_name)[1]
+
+    def queue_name_for(self, channel: str, fair_key: str | None = None) -> str:
+        """The queue name of a job of ``channel`` with ``fair_key``: :meth:`channel_for` and
+        :meth:`fair_key_for` of it give them back."""
+        queue = DEFAULT_TASK_QUEUE_NAME if channel == conf.get().default_channel else channel
+        if fair_key is None or self.fair_key_separator is None:
+            return queue
+        return f"{queue}{self.fair_key_separator}{fair_key}"
 
     # -- producing ----------------------------------------------------------------------------------
 
     def validate_task(self, task: DjangoTask) -> None:
         """Django's checks, and the queue name's as a fairqueue channel name (1 to 200 characters, no
-        control characters): ``task.using(queue_name=...)`` refuses one that no job could have. A
+        control characters): ``task.using(queue_name=...)`` refuses one that no job could have. With
+        ``FAIR_KEY_SEPARATOR``, a name that carries a fair key is checked in its two parts (the channel,
+        then the key: 1 to 255 characters), and ``QUEUES`` applies to its channel part. A
         ``run_after`` that is no datetime (a timedelta, say) is refused clearly too."""
         if task.run_after is not None and not isinstance(task.run_after, datetime):
             raise InvalidTask(
                 f"run_after must be a datetime, got {type(task.run_after).__name__} "
                 "(for a delay, give timezone.now() + timedelta(...))"
             )
-        super().validate_task(task)
-        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
-            try:
-                check_text("queue_name", task.queue_name, max_len=MAX_CHANNEL)
-            except InvalidJobError as exc:
-                raise InvalidTask(f"{exc} (a queue name is a fairqueue channel name)") from None
+        queue, fair_key = self.split_queue_name(task.queue_name)
+        if fair_key is None:
+            super().validate_task(task)
+            if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+                try:
+                    check_text("queue_name", task.queue_name, max_len=MAX_CHANNEL)
+                except InvalidJobError as exc:
+                    raise InvalidTask(f"{exc} (a queue name is a fairqueue channel name)") from None
+            return
+        super().validate_task(_with_queue_name(task, queue))  # QUEUES names channels: any key may follow
+        separator = self.fair_key_separator
+        where = (
+            f"with FAIR_KEY_SEPARATOR {separator!r}, queue_name {task.queue_name[:300]!r} is a fairqueue "
+            "channel name, the separator and a fair key"
+        )
+        try:
+            check_text("the channel of a queue_name", queue, max_len=MAX_CHANNEL)
+            check_text("the fair key of a queue_name", fair_key)
+        except InvalidJobError as exc:
+            raise InvalidTask(f"{exc} ({where})") from None
 
     def enqueue(self, task: DjangoTask, args: Any, kwargs: Any) -> TaskResult:
         self.validate_task(task)
@@ -221,6 +274,7 @@ class FairQueueBackend(BaseTaskBackend):
             max_attempts=self.max_attempts,
             timeout=self.timeout,
             priority=int(task.priority),  # Django checked it: a whole number (maybe 5.0) from -100 to 100
+            fair_key=self.fair_key_for(task.queue_name),
         )
         # the time the job was stored with, as get_result reads it back (not this process's clock)
         [(enqueued_at,)] = executor_for(connection).rows(Q.django_enqueued_at, (job_id,))
@@ -272,7 +326,7 @@ class FairQueueBackend(BaseTaskBackend):
         run_after = info.not_before
         if run_after is not None and not settings.USE_TZ and timezone.is_aware(run_after):
             run_after = timezone.make_naive(run_after)  # naive, as Django's own connection reads it then
-        task = _task_for_job(found, self, info.channel, run_after, info.priority)
+        task = _task_for_job(found, self, info.channel, run_after, info.priority, info.fair_key)
         return _result_from_job(info, task, self.alias)
 
 
@@ -321,15 +375,29 @@ def _find_task(kind: str) -> DjangoTask | None:
     return candidate if isinstance(backend, FairQueueBackend) else None
 
 
+def _with_queue_name(task: DjangoTask, queue_name: str) -> DjangoTask:
+    """``task`` with another queue name, for Django's own checks of it: a copy made field by field,
+    without ``Task.__init__`` (its ``__post_init__`` would have the backend validate it again)."""
+    clone = object.__new__(type(task))
+    for f in dataclasses.fields(task):
+        object.__setattr__(clone, f.name, queue_name if f.name == "queue_name" else getattr(task, f.name))
+    return clone
+
+
 def _task_for_job(
-    task: DjangoTask, backend: FairQueueBackend, channel: str, run_after: datetime | None, priority: int
+    task: DjangoTask,
+    backend: FairQueueBackend,
+    channel: str,
+    run_after: datetime | None,
+    priority: int,
+    fair_key: str | None = None,
 ) -> DjangoTask:
-    """``task`` as the job was enqueued, as far as the job tells: its queue, backend, run_after and
-    priority."""
+    """``task`` as the job was enqueued, as far as the job tells: its queue (with its fair key, when
+    the backend has a FAIR_KEY_SEPARATOR), backend, run_after and priority."""
     changes: dict[str, Any] = {}
     if priority != task.priority:
         changes["priority"] = priority
-    queue_name = backend.queue_name_for(channel)
+    queue_name = backend.queue_name_for(channel, fair_key)
     if queue_name != task.queue_name:
         changes["queue_name"] = queue_name
     if task.backend != backend.alias:
@@ -432,8 +500,9 @@ def _running_result(
     backend = task.get_backend()
     worker_ids, errors, starts = _attempt_history(history, before=ctx.attempt)
     worker_ids[ctx.attempt] = str(ctx.worker_id)
+    fair_key = None if history is None else history.fair_key
     return TaskResult(
-        task=_task_for_job(task, backend, ctx.channel, None, ctx.priority),
+        task=_task_for_job(task, backend, ctx.channel, None, ctx.priority, fair_key),
         id=str(ctx.job_id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=ctx.enqueued_at,
@@ -446,6 +515,13 @@ def _running_result(
         errors=errors,
         worker_ids=[worker_ids.get(n, "") for n in range(1, ctx.attempt + 1)],
     )
+
+
+def _reads_history(backend: Any, ctx: JobContext) -> bool:
+    """Whether an attempt's TaskResult needs the job as stored: for the earlier attempts, and for the
+    job's fair key, which its queue name carries when the backend has a FAIR_KEY_SEPARATOR (a claimed
+    job does not say it)."""
+    return ctx.attempt > 1 or getattr(backend, "fair_key_separator", None) is not None
 
 
 def _history(alias: str, job_id: int) -> JobInfo | None:
@@ -509,7 +585,8 @@ def _run(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object 
     """The fairqueue handler of a sync Django task (runs in a worker's slot thread)."""
     try:
         positional, keywords = _arguments(args, kwargs)
-        history = _history(task.get_backend().database, ctx.job_id) if ctx.attempt > 1 else None
+        backend = task.get_backend()
+        history = _history(backend.database, ctx.job_id) if _reads_history(backend, ctx) else None
         result = _running_result(task, ctx, positional, keywords, history)
     except BaseException as exc:
         _note_class(exc)
@@ -558,10 +635,9 @@ async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: 
     try:
         positional, keywords = _arguments(args, kwargs)
         history = None
-        if ctx.attempt > 1:
-            history = await sync_to_async(_history_in_a_thread, thread_sensitive=False)(
-                task.get_backend().database, ctx.job_id
-            )
+        backend = task.get_backend()
+        if _reads_history(backend, ctx):
+            history = await sync_to_async(_history_in_a_thread, thread_sensitive=False)(backend.database, ctx.job_id)
         result = _running_result(task, ctx, positional, keywords, history)
     except BaseException as exc:
         _note_class(exc)

@@ -113,6 +113,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
         check_text("channel", args.channel, max_len=MAX_CHANNEL)
     check_optional_text("unique_key", args.unique_key)
     check_optional_text("fifo_key", args.fifo_key)
+    check_optional_text("fair_key", args.fair_key)
     job_args = _parse_job_args(args.args)
     run_at = None if args.run_at is None else _parse_run_at(args.run_at)
     channel, max_attempts, priority = args.channel, args.max_attempts, args.priority
@@ -139,6 +140,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
                 after=args.after or None,
                 on_duplicate="raise",
                 priority=0 if priority is None else priority,
+                fair_key=args.fair_key,
             )
         except DuplicateJobError as exc:
             conn.rollback()
@@ -330,6 +332,12 @@ def add_admin_commands(commands: Any) -> None:
         "--fifo-key",
         metavar="K",
         help="jobs of the channel sharing K run one at a time, in enqueue order",
+    )
+    enqueue.add_argument(
+        "--fair-key",
+        metavar="K",
+        help="within its channel, jobs take turns across their fair keys (one key's flood does not hold back "
+        "another key's jobs)",
     )
     enqueue.add_argument(
         "--priority",

@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 #: The staging columns a Spark batch carries; kind, max_attempts and timeout are one value per run.
 COLUMNS = ("channel", "args", "unique_key")
+#: The same with ``fair_key_col``: the fair key is a last field of a batch's lines only then, so runs
+#: without fair keys keep the fingerprint, batches and digests they always had.
+KEYED_COLUMNS = (*COLUMNS, "fair_key")
 MAX_BATCH_SIZE = 1_000_000
 #: Writing tasks by default: more connections than this rarely make PostgreSQL insert faster.
 DEFAULT_MAX_WRITERS = 16
@@ -218,12 +221,17 @@ def _escaped(c: Column, *, json_text: bool = False) -> Column:
     return c
 
 
-def _problem(ch: Column, uk: Column, args: Column, nonfinite: Column, limit: int) -> Column:
-    """Why a row cannot be enqueued (enqueue's rules, in enqueue's words), or NULL."""
+#: C0 controls, DEL and C1 controls, as a Java regular expression (fairqueue.validation refuses them).
+_CONTROL_CLASS = "[\\x01-\\x1f\\x7f-\\x9f]"
+
+
+def _problem(ch: Column, uk: Column, args: Column, nonfinite: Column, limit: int, fk: Column | None = None) -> Column:
+    """Why a row cannot be enqueued (enqueue's rules, in enqueue's words), or NULL. ``fk``: the fair
+    key column, when the call has one."""
     from pyspark.sql import functions as F
 
     nul = F.lit("\x00")
-    return (
+    problem = (
         F.when(ch.isNull(), F.lit("channel is null"))
         .when(
             (F.length(ch) < 1) | (F.length(ch) > MAX_CHANNEL),
@@ -235,7 +243,21 @@ def _problem(ch: Column, uk: Column, args: Column, nonfinite: Column, limit: int
             F.format_string(f"unique_key must be 1 to {MAX_NAME} characters long, got %d", F.length(uk)),
         )
         .when(uk.isNotNull() & (F.instr(uk, nul) > 0), F.lit("unique_key must not contain NUL characters"))
-        .when(nonfinite, F.lit("args is not JSON-serialisable: it contains NaN or an infinite number"))
+    )
+    if fk is not None:
+        problem = (
+            problem.when(
+                fk.isNotNull() & ((F.length(fk) < 1) | (F.length(fk) > MAX_NAME)),
+                F.format_string(f"fair_key must be 1 to {MAX_NAME} characters long, got %d", F.length(fk)),
+            )
+            .when(fk.isNotNull() & (F.instr(fk, nul) > 0), F.lit("fair_key must not contain NUL characters"))
+            .when(
+                fk.isNotNull() & fk.rlike(_CONTROL_CLASS),
+                F.lit("fair_key must not contain control characters (newline, tab, escape, ...)"),
+            )
+        )
+    return (
+        problem.when(nonfinite, F.lit("args is not JSON-serialisable: it contains NaN or an infinite number"))
         .when(
             F.octet_length(args) > limit,
             F.format_string(
@@ -265,6 +287,7 @@ class _Writer:
     max_attempts: int
     timeout: float | None
     trace_context: str | None = None  # the driver's, current at enqueue_dataframe (fairqueue.tracing)
+    columns: tuple[str, ...] = COLUMNS  # KEYED_COLUMNS with fair keys
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[tuple[str, int, int, bool, float]]:
         from pyspark import TaskContext
@@ -283,13 +306,13 @@ class _Writer:
         """One batch in one transaction; returns (key, rows, jobs created, committed by an earlier call,
         seconds spent on it)."""
         started = time.perf_counter()
-        digest = bulk.digest_of(data, self.kind, self.max_attempts, self.timeout, *COLUMNS)
+        digest = bulk.digest_of(data, self.kind, self.max_attempts, self.timeout, *self.columns)
         known = bulk.recorded_batch(conn, self.run_id, key)
         if known is None:
             result = bulk.enqueue_staged(
                 conn,
                 data,
-                COLUMNS,
+                self.columns,
                 run_id=self.run_id,
                 batch_key=key,
                 digest=digest,
@@ -401,6 +424,7 @@ def enqueue_dataframe(
     channel: str = "default",
     args_cols: Sequence[str] | Mapping[str, str] = (),
     unique_key_col: str | None = None,
+    fair_key_col: str | None = None,
     max_attempts: int | None = None,
     timeout: float | timedelta | None = None,
     batch_size: int = 10_000,
@@ -415,6 +439,11 @@ def enqueue_dataframe(
       timestamps ISO 8601 strings, null values JSON null.
     - ``unique_key_col``: a string column of unique keys: a row whose key an unfinished job holds is
       not enqueued, and of rows sharing a key only one is (the others count as ``duplicates``).
+    - ``fair_key_col``: a string column of fair keys (null: none), as :func:`fairqueue.enqueue`'s
+      ``fair_key``: within its channel, jobs take turns across their fair keys (one key's flood does
+      not hold back another key's jobs); the channel's share of the workers does not depend on how
+      many keys it uses. The keys are part of the content: the same rows with other keys are
+      another run.
     - ``max_attempts`` / ``timeout``: as for :func:`fairqueue.enqueue`, the same for every job.
     - ``batch_size``: rows per batch, i.e. per transaction (the largest batch; most are a little smaller).
     - ``run_id``: names the run; by default it is derived from the content, so calling again with
@@ -452,6 +481,8 @@ def enqueue_dataframe(
         if unique_key_col is not None
         else F.lit(None).cast("string")
     )
+    keyed = fair_key_col is not None
+    fk = _quoted(_string_column(df, "fair_key_col", fair_key_col)) if fair_key_col is not None else None
     args = _args_mapping(df, args_cols)
     if args:
         types = {f.name: f.dataType for f in df.schema.fields}
@@ -465,14 +496,27 @@ def enqueue_dataframe(
     else:
         args_json, nonfinite = F.lit("{}"), F.lit(False)
 
-    base = df.select(ch.alias("_ch"), args_json.alias("_args"), uk.alias("_uk"), nonfinite.alias("_nonfinite")).select(
+    # a row's content: without fair keys exactly what it always was (the same fingerprint and batches)
+    content = [F.col("_ch"), F.col("_args"), F.coalesce("_uk", F.lit("\x00"))]
+    if keyed:
+        content.append(F.coalesce("_fk", F.lit("\x00")))
+    fk_col = (fk if fk is not None else F.lit(None).cast("string")).alias("_fk")
+    base = df.select(
+        ch.alias("_ch"), args_json.alias("_args"), uk.alias("_uk"), fk_col, nonfinite.alias("_nonfinite")
+    ).select(
         "_ch",
         "_args",
         "_uk",
-        F.xxhash64("_ch", "_args", F.coalesce("_uk", F.lit("\x00"))).alias("_h"),
-        _problem(F.col("_ch"), F.col("_uk"), F.col("_args"), F.col("_nonfinite"), settings.max_args_bytes).alias(
-            "_problem"
-        ),
+        "_fk",
+        F.xxhash64(*content).alias("_h"),
+        _problem(
+            F.col("_ch"),
+            F.col("_uk"),
+            F.col("_args"),
+            F.col("_nonfinite"),
+            settings.max_args_bytes,
+            F.col("_fk") if keyed else None,
+        ).alias("_problem"),
     )
 
     _check_database(url)
@@ -482,7 +526,7 @@ def enqueue_dataframe(
         [summary] = base.agg(
             F.count(F.lit(1)).alias("rows"),
             F.sum(F.col("_h").cast("decimal(38,0)")).alias("h64"),
-            F.sum(F.hash("_ch", "_args", F.coalesce("_uk", F.lit("\x00"))).cast("decimal(38,0)")).alias("h32"),
+            F.sum(F.hash(*content).cast("decimal(38,0)")).alias("h32"),
             F.count("_problem").alias("bad"),
             F.min(
                 F.when(
@@ -527,23 +571,27 @@ def enqueue_dataframe(
     bucket = F.pmod(F.col("_h"), F.lit(buckets))
     if unique_key_col is not None:
         bucket = F.when(F.col("_uk").isNull(), bucket).otherwise(F.pmod(F.xxhash64("_uk"), F.lit(buckets)))
-    order = Window.partitionBy("_bucket").orderBy(F.col("_uk").asc_nulls_last(), "_h", "_ch", "_args")
+    order = Window.partitionBy("_bucket").orderBy(
+        F.col("_uk").asc_nulls_last(), "_h", "_ch", "_args", *([F.col("_fk").asc_nulls_first()] if keyed else [])
+    )
+    fields = [
+        _escaped(F.col("_ch")),
+        _escaped(F.col("_args"), json_text=True),
+        F.coalesce(_escaped(F.col("_uk")), F.lit(bulk.NULL)),
+    ]
+    if keyed:
+        fields.append(F.coalesce(_escaped(F.col("_fk")), F.lit(bulk.NULL)))
     tasks = partitions or max(1, min(buckets, sc.defaultParallelism, DEFAULT_MAX_WRITERS))
     # A batch is every batch_size rows of a bucket in the bucket's (total) order; its text is built
     # here, its lines sorted (the order of its jobs' ids), so a batch reaches Python as one row.
     batches = (
-        base.select("_ch", "_args", "_uk", "_h", "_problem", bucket.cast("int").alias("_bucket"))
+        base.select("_ch", "_args", "_uk", "_fk", "_h", "_problem", bucket.cast("int").alias("_bucket"))
         .repartition(tasks, "_bucket")
         .select("*", F.row_number().over(order).alias("_rn"))
         .select(
             "_bucket",
             F.format_string("%d-%d", "_bucket", F.expr(f"(_rn - 1) div {batch_size}")).alias("key"),
-            F.concat_ws(
-                "\t",
-                _escaped(F.col("_ch")),
-                _escaped(F.col("_args"), json_text=True),
-                F.coalesce(_escaped(F.col("_uk")), F.lit(bulk.NULL)),
-            ).alias("line"),
+            F.concat_ws("\t", *fields).alias("line"),
             "_problem",
         )
         .groupBy("_bucket", "key")  # already partitioned by _bucket: no further shuffle
@@ -555,7 +603,9 @@ def enqueue_dataframe(
     )
     call_id = uuid.uuid4().hex
     # the executors run outside the driver's trace: the jobs carry the context current here
-    writer = _Writer(url, run_id, call_id, kind, max_attempts, timeout_s, trace_context())
+    writer = _Writer(
+        url, run_id, call_id, kind, max_attempts, timeout_s, trace_context(), KEYED_COLUMNS if keyed else COLUMNS
+    )
     sc.setJobDescription(f"{JOB_DESCRIPTION}: write run {run_id}")
     try:
         done = batches.rdd.mapPartitions(writer).collect()

@@ -73,6 +73,7 @@ CHANNEL_DEFAULTS: dict[str, Any] = {
     "throttled_until": None,
     "created_at": None,
     "eligible": False,
+    "keyed": False,
 }
 
 

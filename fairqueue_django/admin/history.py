@@ -145,6 +145,7 @@ RETRY_TEXTS = {
 
 
 KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("unique_key"), shown("fifo_key")
+FAIR_KEY = shown("fair_key")
 
 
 @admin.register(CompletedJob)
@@ -169,7 +170,7 @@ class CompletedJobAdmin(QueueAdmin):
         ("Result", {"fields": ("pretty_result",)}),
         ("Error", {"fields": ("pretty_error",)}),
         ("Times", {"fields": ("enqueued", "ready", "started", "finished", "wait", "run_time")}),
-        ("Keys", {"fields": (UNIQUE_KEY, FIFO_KEY)}),
+        ("Keys", {"fields": (UNIQUE_KEY, FIFO_KEY, FAIR_KEY)}),
         ("All attempts of this job", {"fields": ("all_attempts",)}),
         ("Admin actions on this job", {"fields": ("admin_actions",)}),
     )

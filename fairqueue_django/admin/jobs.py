@@ -41,6 +41,7 @@ CANCEL_TEXTS = {
 
 
 KIND, CHANNEL, UNIQUE_KEY, FIFO_KEY = shown("kind"), shown("channel"), shown("unique_key"), shown("fifo_key")
+FAIR_KEY = shown("fair_key")
 
 
 @admin.register(Job)
@@ -57,7 +58,7 @@ class JobAdmin(QueueAdmin):
         ("Arguments", {"fields": ("pretty_args",)}),
         (
             "Options",
-            {"fields": ("max_attempts", "timeout_seconds", UNIQUE_KEY, FIFO_KEY, "depends_on", "not_before")},
+            {"fields": ("max_attempts", "timeout_seconds", UNIQUE_KEY, FIFO_KEY, FAIR_KEY, "depends_on", "not_before")},
         ),
         ("Times", {"fields": ("enqueued",)}),
         ("Earlier attempts", {"fields": ("attempt_history",)}),
@@ -75,6 +76,7 @@ class JobAdmin(QueueAdmin):
         "timeout_seconds",
         UNIQUE_KEY,
         FIFO_KEY,
+        FAIR_KEY,
         "depends_on",
         "not_before",
         "enqueued",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -30,7 +31,7 @@ def _enqueue(db: psycopg.Connection[Any], kind: str, channel: str, key: str | No
     return int(row[0])
 
 
-def _enqueue_many(db: psycopg.Connection[Any], channel: str, keys: list[str | None], kind: str = "k") -> None:
+def _enqueue_many(db: psycopg.Connection[Any], channel: str, keys: Sequence[str | None], kind: str = "k") -> None:
     db.execute(
         "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
         ([kind] * len(keys), [channel] * len(keys), keys),

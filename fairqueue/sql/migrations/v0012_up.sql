@@ -149,10 +149,23 @@ BEGIN
             GROUP BY r.i, r.fair_key
         ),
         heads AS MATERIALIZED (
-            SELECT l.i, l.name, l.fair_key, a.n, l.vtime, l.served_at, coalesce(p.ids, '{}') AS ids
+            SELECT l.i, l.name, l.fair_key, a.n, l.vtime, l.served_at, coalesce(p.took, '{}') AS ids,
+                   -- more behind them? the next entry (one probe): a key that ran dry leaves the turns now,
+                   -- not when a later claim wins a turn for it and finds nothing
+                   CASE WHEN l.fair_key = '' THEN
+                       (SELECT r.job_id FROM fairqueue.running_job r
+                        WHERE r.channel = l.name AND r.fair_key IS NULL AND r.worker_id IS NULL
+                          AND r.job_id <> ALL (ids) AND r.job_id <> ALL (coalesce(p.took, '{}'))
+                        ORDER BY r.channel, r.rank, r.job_id LIMIT 1)
+                   ELSE
+                       (SELECT r.job_id FROM fairqueue.running_job r
+                        WHERE r.channel = l.name AND r.fair_key = l.fair_key AND r.worker_id IS NULL
+                          AND r.job_id <> ALL (ids) AND r.job_id <> ALL (coalesce(p.took, '{}'))
+                        ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1)
+                   END IS NOT NULL AS more
             FROM alloc a JOIN lanes l ON l.i = a.i AND l.fair_key = a.fair_key
             CROSS JOIN LATERAL (
-                SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids
+                SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS took
                 FROM (SELECT k.job_id, k.rank
                       FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
                             WHERE l.fair_key <> '' AND r.channel = l.name AND r.fair_key = l.fair_key
@@ -186,18 +199,18 @@ BEGIN
                ARRAY(SELECT count(t.id)::integer
                      FROM generate_subscripts(v_left, 1) AS g(i) LEFT JOIN taken t ON t.i = g.i
                      GROUP BY g.i ORDER BY g.i),
-               coalesce((SELECT array_agg(h.name ORDER BY h.i, h.fair_key) FROM heads h WHERE cardinality(h.ids) < h.n),
-                        '{}'),
+               coalesce((SELECT array_agg(h.name ORDER BY h.i, h.fair_key) FROM heads h
+                         WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
                coalesce((SELECT array_agg(h.fair_key ORDER BY h.i, h.fair_key) FROM heads h
-                         WHERE cardinality(h.ids) < h.n), '{}')
+                         WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}')
         INTO v_tpos, v_tids, v_got, v_sc, v_sk;
 
         pos := pos || v_tpos;
         ids := ids || v_tids;
         v_left := ARRAY(SELECT u.n - u.g FROM unnest(v_left, v_got) WITH ORDINALITY AS u(n, g, i) ORDER BY u.i);
         IF cardinality(v_sc) > 0 THEN
-            -- Keys that gave fewer jobs than they won leave the turns if a fresh snapshot (a new
-            -- statement) finds nothing ready in them but what this claim just took.
+            -- Keys that gave fewer jobs than they won, or had none behind them, leave the turns if a
+            -- fresh snapshot (a new statement) finds nothing ready in them but what this claim took.
             DELETE FROM fairqueue.channel_key k
             USING unnest(v_sc, v_sk) AS s(channel, fair_key)
             WHERE k.channel = s.channel AND k.fair_key = s.fair_key

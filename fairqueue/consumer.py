@@ -47,6 +47,7 @@ class ClaimedJob:
     started_at: datetime
     priority: int = 0  # within its channel: higher ran first
     trace_context: dict[str, str] | None = None  # the W3C trace context current at enqueue
+    fair_key: str | None = None  # within its channel, it took turns by this key
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ def claim_batch(db: object, worker_id: int, limit: int) -> list[ClaimedJob]:
             started_at=r[9],
             priority=r[10],
             trace_context=None if r[11] is None else json.loads(r[11]),
+            fair_key=r[12],
         )
         for r in rows
     ]

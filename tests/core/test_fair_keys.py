@@ -352,3 +352,12 @@ def test_a_released_job_of_a_key_no_longer_in_turn_is_claimed_again(conn: psycop
     assert fairqueue.release(conn, worker, [job]) == 1
     assert_consistent(conn)
     assert "only" in _kinds(conn, worker, 2)
+
+
+def test_a_claimed_job_knows_its_fair_key(conn: psycopg.Connection[Any], worker: int) -> None:
+    _enqueue(conn, "keyed", "acme", "user-42")
+    _enqueue(conn, "plain", "acme", None)
+    assert {j.kind: j.fair_key for j in fairqueue.claim_batch(conn, worker, 5)} == {
+        "keyed": "user-42",
+        "plain": None,
+    }

@@ -47,7 +47,8 @@ def test_the_upgrade_copies_every_channels_activity_and_the_grants(empty_databas
 
             migrations.downgrade(empty_database_url, "fq0010")
             assert conn.execute("SELECT to_regclass('fairqueue.channel_active')").fetchone() == (None,)
-            fairqueue.enqueue(conn, "k", channel="busy")  # producers read channel.active again
+            # producers read channel.active again (this release's Python speaks to fq0012's enqueue: SQL here)
+            conn.execute("SELECT fairqueue.enqueue('k', '{}'::jsonb, 'busy')")
         finally:
             conn.execute(f'DROP OWNED BY "{role}"')
             conn.execute(f'DROP ROLE "{role}"')

@@ -7,7 +7,7 @@ SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'enqueue_batch')
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'enqueue_batch', 'claim')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
 DROP TRIGGER running_job_key_released ON fairqueue.running_job;
@@ -19,6 +19,7 @@ DROP FUNCTION fairqueue.enqueue(text, jsonb, text, timestamptz, integer, double 
 DROP FUNCTION fairqueue.enqueue_many(text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb[], text[]);
 DROP FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[]);
 DROP FUNCTION fairqueue._place_after_dependencies(bigint, text, text, timestamptz, smallint, text);
+DROP FUNCTION fairqueue.claim(bigint, integer);
 
 DROP INDEX fairqueue.running_job_key_idx;
 DROP INDEX fairqueue.running_job_ready_idx;
@@ -535,7 +536,7 @@ BEGIN
            ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL;
 END $$;
 
-CREATE OR REPLACE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
+CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
                started_at timestamptz, priority smallint, trace_context jsonb)
@@ -1074,7 +1075,7 @@ BEGIN
     RETURN 'retried';
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.enqueue_batch,
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.enqueue_batch, fairqueue.claim,
     fairqueue._place_after_dependencies FROM PUBLIC;
 DO $$
 DECLARE

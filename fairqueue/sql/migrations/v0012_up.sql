@@ -7,21 +7,23 @@
 -- "fair_key IS NULL", which every row already meets) or running_job_key_idx (with one). Rebuilding
 -- the ready index locks running_job for the time it takes (about a second per million ready jobs).
 --
--- enqueue, enqueue_many and enqueue_batch gain a last parameter (the fair key or keys), so they are
--- dropped and created again; the roles that could execute them (fairqueue grant) keep that right.
+-- enqueue, enqueue_many and enqueue_batch gain a last parameter (the fair key or keys), and claim a
+-- last result column (the job's fair key), so they are dropped and created again; the roles that
+-- could execute them (fairqueue grant) keep that right.
 
 CREATE TEMPORARY TABLE fairqueue_v12_grants ON COMMIT DROP AS
 SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'enqueue_batch')
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'enqueue_batch', 'claim')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
 DROP FUNCTION fairqueue.enqueue(text, jsonb, text, timestamptz, integer, double precision, text, text, bigint[], smallint, jsonb);
 DROP FUNCTION fairqueue.enqueue_many(text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb[]);
 DROP FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb);
 DROP FUNCTION fairqueue._place_after_dependencies(bigint, text, text, timestamptz, smallint);
+DROP FUNCTION fairqueue.claim(bigint, integer);
 
 ALTER TABLE fairqueue.channel ADD COLUMN keyed boolean NOT NULL DEFAULT false;
 ALTER TABLE fairqueue.job ADD COLUMN fair_key text;
@@ -801,10 +803,10 @@ BEGIN
     WHERE k.channel = ANY (ARRAY(SELECT i.name FROM idled i));
 END $$;
 
-CREATE OR REPLACE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
+CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
-               started_at timestamptz, priority smallint, trace_context jsonb)
+               started_at timestamptz, priority smallint, trace_context jsonb, fair_key text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 -- one plan for every call: re-planning the candidate query each time cost more than running it
 SET plan_cache_mode = force_generic_plan
@@ -1068,7 +1070,7 @@ BEGIN
                     RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
                 )
                 SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
-                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context
+                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context, j.fair_key
                 FROM claimed c
                 JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
                 CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j
@@ -1371,7 +1373,7 @@ BEGIN
     RETURN 'retried';
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.enqueue_batch,
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.enqueue_batch, fairqueue.claim,
     fairqueue._place_after_dependencies, fairqueue._wake_fair_key,
     fairqueue._join_key_turns, fairqueue._take_keyed FROM PUBLIC;
 DO $$

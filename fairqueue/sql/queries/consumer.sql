@@ -24,7 +24,7 @@ SELECT fairqueue.ensure_completed_partitions(%s::integer)
 -- name: claim
 -- Up to the limit jobs, fairly across channels (schema/30_claim.sql).
 SELECT job_id, kind, args::text, channel, attempt, max_attempts, timeout_seconds, enqueued_at, ready_at, started_at,
-       priority, trace_context::text
+       priority, trace_context::text, fair_key
 FROM fairqueue.claim(%s, %s)
 
 -- name: finish

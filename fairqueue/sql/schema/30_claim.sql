@@ -114,7 +114,7 @@ END $$;
 -- Claims up to p_limit ready jobs for a worker in one round trip, interleaving channels in
 -- weighted round-robin order, within each channel's concurrency cap and rate limit; within a
 -- channel, higher priorities first, then enqueue order (a priority never takes another channel's
--- turn). Rows come back in service order.
+-- turn; nor, with fair keys, another key's: schema/35_fair_keys.sql). Rows come back in service order.
 --
 -- Each round: intake; pay the debts of shared takes; lock the eligible channels with the lowest
 -- vtime (SKIP LOCKED); take each one's next jobs (its share of the batch, within its cap and
@@ -129,7 +129,7 @@ END $$;
 CREATE FUNCTION fairqueue.claim(p_worker_id bigint, p_limit integer)
 RETURNS TABLE (job_id bigint, kind text, args jsonb, channel text, attempt integer, max_attempts integer,
                timeout_seconds double precision, enqueued_at timestamptz, ready_at timestamptz,
-               started_at timestamptz, priority smallint, trace_context jsonb)
+               started_at timestamptz, priority smallint, trace_context jsonb, fair_key text)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 -- one plan for every call: re-planning the candidate query each time cost more than running it
 SET plan_cache_mode = force_generic_plan
@@ -393,7 +393,7 @@ BEGIN
                     RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
                 )
                 SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
-                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context
+                       j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context, j.fair_key
                 FROM claimed c
                 JOIN unnest(v_ids, v_slots) WITH ORDINALITY AS u(id, slot, pos) ON u.id = c.job_id
                 CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j

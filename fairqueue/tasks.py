@@ -8,9 +8,10 @@
     send_invoice.using(channel="tenant-42", fair_key="user-7").enqueue(session, 7)  # turns by user
     await send_invoice.aenqueue(async_session, invoice_id=7)          # the same, from async code
 
-A task that takes a :class:`JobContext` (``pass_context=True``) sees its job (id, attempt, channel)
-and can use ``ctx.session`` / ``ctx.connection``: a transaction in which the worker also records the
-job's completion, so the handler's writes and the completion commit together or not at all.
+A task that takes a :class:`JobContext` (``pass_context=True``) sees its job (id, attempt, channel,
+fair key) and can use ``ctx.session`` / ``ctx.connection``: a transaction in which the worker also
+records the job's completion, so the handler's writes and the completion commit together or not at
+all.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class JobContext:
     worker_id: int
     timeout: float | None = None
     priority: int = 0  # within its channel, higher first
+    fair_key: str | None = None  # within its channel, the job took turns by this key (None: no key)
     _cancelled: bool = field(default=False, repr=False)  # set once, by the worker's dispatcher
     _opener: Callable[[], Session] | None = field(default=None, repr=False)
     _session: Session | None = field(default=None, repr=False)

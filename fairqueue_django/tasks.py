@@ -500,9 +500,8 @@ def _running_result(
     backend = task.get_backend()
     worker_ids, errors, starts = _attempt_history(history, before=ctx.attempt)
     worker_ids[ctx.attempt] = str(ctx.worker_id)
-    fair_key = None if history is None else history.fair_key
     return TaskResult(
-        task=_task_for_job(task, backend, ctx.channel, None, ctx.priority, fair_key),
+        task=_task_for_job(task, backend, ctx.channel, None, ctx.priority, ctx.fair_key),
         id=str(ctx.job_id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=ctx.enqueued_at,
@@ -515,13 +514,6 @@ def _running_result(
         errors=errors,
         worker_ids=[worker_ids.get(n, "") for n in range(1, ctx.attempt + 1)],
     )
-
-
-def _reads_history(backend: Any, ctx: JobContext) -> bool:
-    """Whether an attempt's TaskResult needs the job as stored: for the earlier attempts, and for the
-    job's fair key, which its queue name carries when the backend has a FAIR_KEY_SEPARATOR (a claimed
-    job does not say it)."""
-    return ctx.attempt > 1 or getattr(backend, "fair_key_separator", None) is not None
 
 
 def _history(alias: str, job_id: int) -> JobInfo | None:
@@ -585,8 +577,7 @@ def _run(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: object 
     """The fairqueue handler of a sync Django task (runs in a worker's slot thread)."""
     try:
         positional, keywords = _arguments(args, kwargs)
-        backend = task.get_backend()
-        history = _history(backend.database, ctx.job_id) if _reads_history(backend, ctx) else None
+        history = _history(task.get_backend().database, ctx.job_id) if ctx.attempt > 1 else None
         result = _running_result(task, ctx, positional, keywords, history)
     except BaseException as exc:
         _note_class(exc)
@@ -635,9 +626,10 @@ async def _arun(task: DjangoTask, ctx: JobContext, args: object = None, kwargs: 
     try:
         positional, keywords = _arguments(args, kwargs)
         history = None
-        backend = task.get_backend()
-        if _reads_history(backend, ctx):
-            history = await sync_to_async(_history_in_a_thread, thread_sensitive=False)(backend.database, ctx.job_id)
+        if ctx.attempt > 1:
+            history = await sync_to_async(_history_in_a_thread, thread_sensitive=False)(
+                task.get_backend().database, ctx.job_id
+            )
         result = _running_result(task, ctx, positional, keywords, history)
     except BaseException as exc:
         _note_class(exc)

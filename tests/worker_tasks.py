@@ -106,7 +106,30 @@ def hold(gate: str, release: str) -> str:
 
 @fairqueue.task(name="t.context", pass_context=True)
 def context(ctx: fairqueue.JobContext) -> dict[str, Any]:
-    return {"job_id": ctx.job_id, "attempt": ctx.attempt, "channel": ctx.channel, "kind": ctx.kind}
+    return {
+        "job_id": ctx.job_id,
+        "attempt": ctx.attempt,
+        "channel": ctx.channel,
+        "kind": ctx.kind,
+        "fair_key": ctx.fair_key,
+    }
+
+
+@fairqueue.task(name="t.keyed_context", pass_context=True, max_attempts=2, retry_backoff=0.05, retry_backoff_max=0.05)
+def keyed_context(ctx: fairqueue.JobContext, fail_first: bool = False) -> dict[str, Any]:
+    """Records what each attempt's context says in CALLS["keyed_context:<job id>"]; the first attempt
+    fails if asked, so that a retry's context shows too."""
+    seen = {"attempt": ctx.attempt, "channel": ctx.channel, "priority": ctx.priority, "fair_key": ctx.fair_key}
+    CALLS[f"keyed_context:{ctx.job_id}"].append(seen)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return seen
+
+
+@fairqueue.task(name="t.async_context", pass_context=True)
+async def async_context(ctx: fairqueue.JobContext) -> dict[str, Any]:
+    await asyncio.sleep(0)
+    return {"channel": ctx.channel, "fair_key": ctx.fair_key}
 
 
 @fairqueue.task(name="t.effect", pass_context=True, max_attempts=5, retry_backoff=0.05, retry_backoff_max=0.2)

@@ -120,6 +120,7 @@ class Executor:
             worker_id=worker_id,
             timeout=timeout,
             priority=job.priority,
+            fair_key=job.fair_key,
         )
         r = Running(job=job, worker_id=worker_id, task=task, ctx=ctx)
         if timeout is not None:

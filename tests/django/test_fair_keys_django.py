@@ -238,7 +238,7 @@ def test_the_separator_option_is_checked(django_url: str, value: Any, message: s
 def test_the_worker_and_its_signals_see_the_queue_name_with_its_key(
     dj: psycopg.Connection[Any], keyed: Any, start_worker: Starter
 ) -> None:
-    """The first attempt (a claimed job does not say its key: the backend reads it) and a retry."""
+    """The first attempt (the key comes with the claimed job: ``ctx.fair_key``) and a retry."""
     from django.tasks.signals import task_finished, task_started
 
     seen: list[tuple[str, str, str]] = []
@@ -266,6 +266,44 @@ def test_the_worker_and_its_signals_see_the_queue_name_with_its_key(
     assert len(seen) == 8 and all(queue_name == expected[job] for job, _, queue_name in seen)
     for result in (once, twice, plain):
         assert keyed.flaky.get_result(result.id).task == result.task
+
+
+def test_first_attempts_take_the_key_from_the_claim_without_reading_the_job(
+    dj: psycopg.Connection[Any], keyed: Any, start_worker: Starter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sync and async tasks: only a retry reads the job as stored (for its earlier attempts)."""
+    from django.tasks.signals import task_started
+
+    from fairqueue_django import tasks as backend_module
+
+    reads: list[int] = []
+    read = backend_module._history
+
+    def history(alias: str, job_id: int) -> Any:
+        reads.append(job_id)
+        return read(alias, job_id)
+
+    monkeypatch.setattr(backend_module, "_history", history)
+    seen: list[tuple[str, int, str]] = []
+
+    def receiver(task_result: Any, **kwargs: Any) -> None:
+        seen.append((task_result.id, task_result.attempts, task_result.task.queue_name))
+
+    task_started.connect(receiver, dispatch_uid="test_fair_key_no_reads")
+    try:
+        sync = keyed.flaky.using(queue_name="tenant-4:user-1").enqueue(succeed_on=1)
+        retried = keyed.async_flaky.using(queue_name="tenant-4:user-2").enqueue()
+        start_worker()
+        for result in (sync, retried):
+            _finished(result)
+    finally:
+        task_started.disconnect(dispatch_uid="test_fair_key_no_reads")
+    assert (sync.status, sync.return_value["queue_name"]) == ("SUCCESSFUL", "tenant-4:user-1")
+    assert (retried.status, retried.return_value, retried.task.queue_name) == ("SUCCESSFUL", 2, "tenant-4:user-2")
+    assert sorted(seen) == sorted(
+        [(sync.id, 1, "tenant-4:user-1"), (retried.id, 1, "tenant-4:user-2"), (retried.id, 2, "tenant-4:user-2")]
+    )
+    assert reads == [int(retried.id)]  # the async task's second attempt, not the first attempts
 
 
 # -- the admin ----------------------------------------------------------------------------------------------

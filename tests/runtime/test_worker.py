@@ -101,7 +101,40 @@ def test_runs_sync_and_async_handlers_and_stores_their_results(
 def test_context_carries_the_job(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
     job_id = t.context.using(channel="tenant-7").enqueue(conn)
     start_worker()
-    assert finished(conn, job_id).result == {"job_id": job_id, "attempt": 1, "channel": "tenant-7", "kind": "t.context"}
+    assert finished(conn, job_id).result == {
+        "job_id": job_id,
+        "attempt": 1,
+        "channel": "tenant-7",
+        "kind": "t.context",
+        "fair_key": None,
+    }
+
+
+def test_context_carries_the_fair_key_on_every_attempt(conn: psycopg.Connection[Any], start_worker: Starter) -> None:
+    retried = t.keyed_context.using(channel="tenant-7", fair_key="user-42", priority=3).enqueue(conn, fail_first=True)
+    async_id = t.async_context.using(channel="tenant-7", fair_key="user-7").enqueue(conn)
+    plain = t.keyed_context.using(channel="tenant-7").enqueue(conn)
+    start_worker()
+    info = finished(conn, retried)
+    assert (info.status, info.attempt) == ("succeeded", 2)
+    assert t.CALLS[f"keyed_context:{retried}"] == [
+        {"attempt": 1, "channel": "tenant-7", "priority": 3, "fair_key": "user-42"},
+        {"attempt": 2, "channel": "tenant-7", "priority": 3, "fair_key": "user-42"},  # a retry keeps it
+    ]
+    assert finished(conn, async_id).result == {"channel": "tenant-7", "fair_key": "user-7"}
+    assert finished(conn, plain).result == {"attempt": 1, "channel": "tenant-7", "priority": 0, "fair_key": None}
+    # built without it (as code that makes its own contexts does), a context has no key
+    built = fairqueue.JobContext(
+        job_id=1,
+        kind="k",
+        channel="c",
+        attempt=1,
+        max_attempts=1,
+        enqueued_at=info.enqueued_at,
+        started_at=info.enqueued_at,
+        worker_id=1,
+    )
+    assert built.fair_key is None
 
 
 def test_a_failing_handler_is_retried_with_backoff_until_it_succeeds(

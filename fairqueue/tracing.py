@@ -82,6 +82,8 @@ def start_attempt(job: ClaimedJob, worker_id: int) -> tuple[Any, object | None]:
                 "fairqueue.worker.id": worker_id,
             }
         )
+        if job.fair_key is not None:  # only on keyed jobs (attributes cannot be None)
+            span.set_attribute("fairqueue.job.fair_key", job.fair_key)
     elif not span.get_span_context().is_valid:
         # the API alone (no SDK) and no stored context: there is no trace to continue, so skip
         # ending and making current the invalid span (the cost then is one no-op start_span)

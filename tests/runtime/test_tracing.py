@@ -361,3 +361,13 @@ def test_without_opentelemetry_jobs_enqueue_and_run_and_nothing_imports_it(db_ur
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == {"result": 42, "trace_context": None, "loaded": []}
+
+
+def test_a_keyed_jobs_span_carries_its_fair_key(
+    conn: psycopg.Connection[Any], start_worker: Starter, spans: InMemorySpanExporter
+) -> None:
+    job_id = t.add.using(channel="tenant-1", fair_key="user-42").enqueue(conn, 1, 2)
+    start_worker()
+    assert finished(conn, job_id).status == "succeeded"
+    [span] = attempt_spans(spans, 1, "t.add")
+    assert dict(span.attributes or {})["fairqueue.job.fair_key"] == "user-42"

@@ -77,6 +77,35 @@ def collect_channels(db: object) -> list[dict[str, Any]]:
     return channels
 
 
+#: How many of a channel's fair keys ``fairqueue status`` and the admin's channel page show.
+TOP_KEYS = 3
+
+
+def collect_busiest_keys(
+    db: object, channels: Sequence[str] | None = None, top: int = TOP_KEYS
+) -> dict[str, dict[str, Any]]:
+    """The busiest fair keys of each channel that has keyed ready or running jobs (of ``channels``
+    only, if given), in one grouped query over running_job's keyed rows: ``{channel: {"count": how
+    many keys have ready or running jobs, "busiest": [{"fair_key", "ready", "running"}, ...]}}``,
+    at most ``top`` keys, most ready + running first (then by key)."""
+    out: dict[str, dict[str, Any]] = {}
+    params = {"channels": None if channels is None else list(channels), "top": top}
+    for channel, key, ready, running, keys in executor_for(db).rows(Q.status_keys, params):
+        entry = out.setdefault(channel, {"count": int(keys), "busiest": []})
+        entry["busiest"].append({"fair_key": key, "ready": int(ready), "running": int(running)})
+    return out
+
+
+def describe_keys(keys: dict[str, Any]) -> str:
+    """``user-1 (ready 120, running 4), user-7 (ready 3, running 1) (+5 more keys)``: a channel's
+    entry of :func:`collect_busiest_keys` in a line."""
+    shown = ", ".join(f"{visible(k['fair_key'])} (ready {k['ready']}, running {k['running']})" for k in keys["busiest"])
+    more = int(keys["count"]) - len(keys["busiest"])
+    if more > 0:
+        shown += f" (+{more} more key{'' if more == 1 else 's'})"
+    return shown
+
+
 def channel_totals(channels: Sequence[dict[str, Any]]) -> dict[str, int]:
     return {key: sum(int(c[key]) for c in channels) for key in ("ready", "scheduled", "running")}
 
@@ -92,6 +121,9 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
     [(now, waiting)] = ex.rows(Q.status_snapshot)
     channels = collect_channels(ex)
     totals = channel_totals(channels)
+    busiest = collect_busiest_keys(ex)
+    for channel in channels:
+        channel["fair_keys"] = busiest.get(channel["name"], {"count": 0, "busiest": []})
 
     history = {"succeeded": 0, "failed": 0, "cancelled": 0, "failed_attempts_retried": 0}
     for outcome, final, n in ex.rows(Q.status_history, {"hours": since_hours}):
@@ -311,7 +343,14 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
     lines = table(headers, rows, right=(1, 2, 3, 4, 6, 7))
     # a rule above the totals line
     lines.insert(len(lines) - 1, "-" * max(len(line) for line in lines))
-    return lines
+    # under a channel with keyed jobs (status collects them), its busiest fair keys
+    out = [lines[0]]
+    for channel, line in zip(channels, lines[1:], strict=False):
+        out.append(line)
+        keys = channel.get("fair_keys")
+        if keys and keys["busiest"]:
+            out.append(f"  keys: {describe_keys(keys)}")
+    return out + lines[1 + len(channels) :]
 
 
 def _lease(seconds: float) -> str:

@@ -477,6 +477,50 @@ def test_status_of_an_empty_queue(cli: Run) -> None:
     assert "(no channels)" in out and "(no workers)" in out and "(none)" in out
 
 
+def test_status_shows_each_channels_busiest_fair_keys(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.enqueue(conn, "k", channel="solo", fair_key="only")
+    [claimed] = fairqueue.claim_batch(conn, worker, 1)
+    assert (claimed.channel, claimed.fair_key) == ("solo", "only")
+    fairqueue.enqueue(conn, "k", channel="solo", fair_key="only")
+    fairqueue.enqueue(conn, "k", channel="solo", fair_key="other")
+    for key, n in (("user-1", 5), ("user-3", 2), ("user-2", 2), ("user-4", 1)):
+        for _ in range(n):
+            fairqueue.enqueue(conn, "k", channel="acme", fair_key=key)
+    for _ in range(7):  # jobs without a key are no key's
+        fairqueue.enqueue(conn, "k", channel="acme")
+    fairqueue.enqueue(conn, "k", channel="plain")
+
+    code, out, err = cli("status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    acme = next(i for i, line in enumerate(lines) if line.startswith("acme "))
+    # three keys by ready + running, ties by key, then how many more
+    assert lines[acme + 1] == (
+        "  keys: user-1 (ready 5, running 0), user-2 (ready 2, running 0), user-3 (ready 2, running 0) (+1 more key)"
+    )
+    solo = next(i for i, line in enumerate(lines) if line.startswith("solo "))
+    assert lines[solo + 1] == "  keys: only (ready 1, running 1), other (ready 1, running 0)"
+    plain = next(i for i, line in enumerate(lines) if line.startswith("plain "))
+    assert not lines[plain + 1].startswith("  keys:")
+    assert sum(line.startswith("  keys:") for line in lines) == 2
+    assert next(line for line in lines if line.startswith("TOTAL (3)")).split()[2:5] == ["20", "0", "1"]
+
+    channels = {c["name"]: c for c in json.loads(cli("status", "--json")[1])["channels"]}
+    assert channels["acme"]["fair_keys"] == {
+        "count": 4,
+        "busiest": [
+            {"fair_key": "user-1", "ready": 5, "running": 0},
+            {"fair_key": "user-2", "ready": 2, "running": 0},
+            {"fair_key": "user-3", "ready": 2, "running": 0},
+        ],
+    }
+    assert channels["solo"]["fair_keys"] == {
+        "count": 2,
+        "busiest": [{"fair_key": "only", "ready": 1, "running": 1}, {"fair_key": "other", "ready": 1, "running": 0}],
+    }
+    assert channels["plain"]["fair_keys"] == {"count": 0, "busiest": []}
+
+
 def test_channels_list(cli: Run, conn: psycopg.Connection[Any]) -> None:
     fairqueue.configure_channel(conn, "quiet")
     fairqueue.enqueue(conn, "k", channel="busy")

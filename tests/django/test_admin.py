@@ -399,6 +399,46 @@ def test_channels_list_counts_and_settings(login: MakeClient, queue: Queue) -> N
     assert names[0] == "tenant-a"
 
 
+def test_channels_show_their_busiest_fair_keys(login: MakeClient, dj: psycopg.Connection[Any]) -> None:
+    """The list (one query for the page) and a channel's page show the keys with the most ready and
+    running jobs, as ``fairqueue status`` does."""
+    import re
+
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    worker = fairqueue.register_worker(dj, "worker-1", lease_seconds=300)
+    fairqueue.configure_channel(dj, "tenant-k")
+    fairqueue.configure_channel(dj, "tenant-plain")
+    fairqueue_django.enqueue("reports.build", channel="tenant-k", fair_key="user-<b>")
+    [claimed] = fairqueue.claim_batch(dj, worker, 1)
+    assert claimed.fair_key == "user-<b>"
+    for key, n in (("user-1", 3), ("user-2", 1), ("user-3", 1), ("user-<b>", 1)):
+        for _ in range(n):
+            fairqueue_django.enqueue("reports.build", channel="tenant-k", fair_key=key)
+    fairqueue_django.enqueue("reports.build", channel="tenant-plain")
+    fairqueue_django.enqueue("reports.build", channel="tenant-new", fair_key="solo")  # no channel row yet
+
+    client = login("root", superuser=True)
+    with CaptureQueriesContext(connections["default"]) as captured:
+        response = client.get(f"{ADMIN}/channel/")
+    rows = {c.name: c for c in _rows(response)}
+    assert sum("fair_key IS NOT NULL" in q["sql"] for q in captured.captured_queries) == 1
+    assert rows["tenant-k"].busiest["count"] == 4 and rows["tenant-plain"].busiest is None
+    shown = (
+        "user-1 (ready 3, running 0), user-&lt;b&gt; (ready 1, running 1), user-2 (ready 1, running 0) (+1 more key)"
+    )
+    assert shown in _text(response)
+
+    def field(url: str) -> list[str]:
+        page = _text(client.get(url))
+        return re.findall(r'<label>Busiest keys:</label>\s*<div class="readonly">([^<]*)</div>', page)
+
+    assert field(f"{ADMIN}/channel/tenant-k/change/") == [shown]
+    assert field(f"{ADMIN}/channel/tenant-plain/change/") == ["-"]
+    assert field(f"{ADMIN}/channel/tenant-new/change/") == ["solo (ready 1, running 0)"]
+
+
 def test_workers_list_their_lease_and_jobs(login: MakeClient, queue: Queue) -> None:
     client = login("root", superuser=True)
     response = client.get(f"{ADMIN}/worker/")

@@ -48,6 +48,21 @@ CREATE TABLE fairqueue.channel_key (
 -- A channel's keys in turn order: least served first, ties to the least recently served.
 CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key);
 
+-- Roles that can read channel (fairqueue grant) can read its keys' turns.
+DO $grants$
+DECLARE
+    v_role text;
+BEGIN
+    FOR v_role IN
+        SELECT DISTINCT a.grantee::regrole::text
+        FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+        WHERE c.oid = 'fairqueue.channel'::regclass AND a.privilege_type = 'SELECT'
+          AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT SELECT ON fairqueue.channel_key TO %s', v_role);
+    END LOOP;
+END $grants$;
+
 CREATE FUNCTION fairqueue._wake_fair_key()
 RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -33,6 +33,31 @@ LEFT JOIN live l ON l.channel = n.name
 LEFT JOIN sched s ON s.channel = n.name
 ORDER BY coalesce(l.ready, 0) DESC, n.name
 
+-- name: status_keys
+-- The busiest fair keys of each channel that has keyed ready or running jobs: one grouped pass over
+-- running_job's keyed rows (ready ones on running_job_key_idx), the top %(top)s keys per channel by
+-- ready + running (then by key), with how many keys the channel has in all. %(channels)s limits it to
+-- some channels (NULL: every channel).
+WITH per_key AS (
+    SELECT channel, fair_key,
+           count(*) FILTER (WHERE worker_id IS NULL) AS ready,
+           count(*) FILTER (WHERE worker_id IS NOT NULL) AS running
+    FROM fairqueue.running_job
+    WHERE fair_key IS NOT NULL
+      AND (%(channels)s::text[] IS NULL OR channel = ANY (%(channels)s::text[]))
+    GROUP BY channel, fair_key
+),
+ranked AS (
+    SELECT channel, fair_key, ready, running,
+           row_number() OVER (PARTITION BY channel ORDER BY ready + running DESC, fair_key) AS place,
+           count(*) OVER (PARTITION BY channel) AS keys
+    FROM per_key
+)
+SELECT channel, fair_key, ready, running, keys
+FROM ranked
+WHERE place <= %(top)s
+ORDER BY channel, place
+
 -- name: status_snapshot
 -- The snapshot's time, and live jobs held back by a FIFO key or unfinished dependencies (they are in
 -- no channel's counts above).

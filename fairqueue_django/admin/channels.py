@@ -19,6 +19,7 @@ from django.utils.http import urlencode
 import fairqueue
 from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
+from fairqueue.status import collect_busiest_keys, describe_keys
 from fairqueue.text import visible
 from fairqueue.validation import check_channel_settings, parse_rate_limit
 from fairqueue_django import conf
@@ -166,8 +167,18 @@ class ChannelLimitsForm(forms.ModelForm):
 
 #: what the channel page shows of the channel's scheduling state (read only)
 STATE_FIELDS = (
-    "backlog", "running_now", "scheduled", "active", "throttled", "tokens", "vtime", "last_served", "created",
+    "backlog", "running_now", "scheduled", "busiest_keys", "active", "throttled", "tokens", "vtime", "last_served",
+    "created",
 )  # fmt: skip
+
+
+def busiest_keys_of(names: list[str]) -> dict[str, dict[str, Any]]:
+    """The busiest fair keys of these channels, in one query (fairqueue.status.collect_busiest_keys,
+    what ``fairqueue status`` shows): ``{channel: {"count", "busiest"}}`` for those with keyed ready
+    or running jobs."""
+    if not names:
+        return {}
+    return collect_busiest_keys(connections[conf.get().database], names)
 
 
 NAME = shown("name")
@@ -186,6 +197,7 @@ class ChannelAdmin(QueueAdmin):
         "weight",
         "paused",
         "active",
+        "busiest_keys",
     )
     list_filter = ("paused", "active")
     search_fields = ("name",)
@@ -224,6 +236,15 @@ class ChannelAdmin(QueueAdmin):
         elif channel is not None and not hasattr(channel, "scheduled_jobs"):
             channel.scheduled_jobs = ScheduledJob.objects.filter(channel=channel.name).count()
         return channel
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        # the page's channels' busiest keys, in one query for the whole page
+        page = list(changelist.result_list)
+        busiest = busiest_keys_of([channel.name for channel in page])
+        for channel in page:
+            channel.busiest = busiest.get(channel.name)
+        return changelist
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
@@ -272,6 +293,14 @@ class ChannelAdmin(QueueAdmin):
     @admin.display(description="scheduled")
     def scheduled(self, obj: Channel) -> Any:
         return getattr(obj, "scheduled_jobs", 0)
+
+    @admin.display(description="busiest keys")
+    def busiest_keys(self, obj: Channel) -> str:
+        """The channel's fair keys with the most ready + running jobs (up to three, and how many more);
+        "-" without keyed ready or running jobs."""
+        if not hasattr(obj, "busiest"):
+            obj.busiest = busiest_keys_of([obj.name]).get(obj.name)
+        return str(self.get_empty_value_display()) if obj.busiest is None else describe_keys(obj.busiest)
 
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
         changes = {name: form.cleaned_data[name] for name in form.changed_data if name in LIMIT_FIELDS}

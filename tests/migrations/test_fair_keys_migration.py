@@ -42,8 +42,8 @@ def test_the_upgrade_keeps_ready_jobs_and_grants_and_the_downgrade_keeps_keyed_j
                     (role, function, function),
                 ).fetchone()
                 assert row == (True, False), name
-            row = conn.execute("SELECT has_table_privilege(%s, 'fairqueue.channel_key', 'SELECT')", (role,))
-            assert row.fetchone() == (True,)
+            readable = conn.execute("SELECT has_table_privilege(%s, 'fairqueue.channel_key', 'SELECT')", (role,))
+            assert readable.fetchone() == (True,)
             worker = fairqueue.register_worker(conn)
             keyed = fairqueue.enqueue(conn, "k", channel="a", fair_key="user-1")
             claimed = [j.id for j in fairqueue.claim_batch(conn, worker, 10)]

@@ -632,7 +632,6 @@ DECLARE
     v_channel text;
     v_kchan   text[];
     v_kkey    text[];
-    v_held    text[];
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
@@ -683,10 +682,11 @@ BEGIN
         WHERE r.job_id = ANY (v_place) AND r.fair_key IS NOT NULL AND r.worker_id IS NULL;
     END IF;
 
-    -- Mark woken channels active and lift expired throttles. Rows another transaction holds are
-    -- skipped, never waited for (it may be a configure_channel inside a long transaction): their
-    -- wakeups go back in the table for the next claim. A claimer marking one idle right now holds
-    -- it, so its wakeup is retried after that claimer is done, and wins.
+    -- Mark woken channels active, put their woken keys in turn (schema/35_fair_keys.sql) and lift
+    -- expired throttles. Rows another transaction holds are skipped, never waited for (it may be a
+    -- configure_channel inside a long transaction): their wakeups, and their keys', go back in the
+    -- table for the next claim. A claimer marking one idle right now holds it, so its wakeup is
+    -- retried after that claimer is done, and wins. (Every channel of v_kchan is in v_wake.)
     WITH lockable AS (
         SELECT c.name FROM fairqueue.channel c
         WHERE c.name = ANY (ARRAY(
@@ -699,8 +699,8 @@ BEGIN
         SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor()
     ),
     created AS (
-        INSERT INTO fairqueue.channel (name, active, vtime)
-        SELECT n, true, coalesce((SELECT v FROM vnow), 0)
+        INSERT INTO fairqueue.channel (name, active, vtime, keyed)
+        SELECT n, true, coalesce((SELECT v FROM vnow), 0), coalesce(n = ANY (v_kchan), false)
         FROM unnest(v_wake) AS n
         WHERE NOT EXISTS (SELECT 1 FROM fairqueue.channel WHERE name = n)
         ORDER BY n
@@ -710,6 +710,7 @@ BEGIN
     updated AS (
         UPDATE fairqueue.channel c
         SET active = c.active OR coalesce(c.name = ANY (v_wake), false),
+            keyed = c.keyed OR coalesce(c.name = ANY (v_kchan), false),
             throttled_until = CASE WHEN c.throttled_until <= p_now THEN NULL ELSE c.throttled_until END,
             -- an idle channel rejoins at the current virtual time (no stored credit, no old debt);
             -- one leaving a throttle earned no credit while it waited
@@ -717,31 +718,28 @@ BEGIN
                          WHEN c.throttled_until <= p_now THEN greatest(c.vtime, coalesce((SELECT v FROM vnow), c.vtime))
                          ELSE c.vtime END
         WHERE c.name = ANY (ARRAY(SELECT name FROM lockable))
-          AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now)
+          AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now
+               OR (NOT c.keyed AND c.name = ANY (v_kchan)))
+    ),
+    -- a key joins at its channel's current key time (as _join_key_turns does); the channel rows
+    -- created above exist when the foreign key is checked, at the end of the statement
+    joined AS (
+        INSERT INTO fairqueue.channel_key (channel, fair_key, vtime)
+        SELECT u.c, u.k,
+               coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c
+                         ORDER BY t.channel, t.vtime, t.served_at, t.fair_key LIMIT 1), 0)
+        FROM (SELECT DISTINCT x.c, x.k FROM unnest(v_kchan, v_kkey) AS x(c, k) ORDER BY x.c, x.k) AS u
+        WHERE u.c IN (SELECT name FROM lockable) OR u.c IN (SELECT name FROM created)
+        ON CONFLICT (channel, fair_key) DO NOTHING
+    ),
+    held_keys AS (
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT x.c, x.k FROM unnest(v_kchan, v_kkey) AS x(c, k)
+        WHERE x.c NOT IN (SELECT name FROM lockable) AND x.c NOT IN (SELECT name FROM created)
     )
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
-
-    -- Woken keys join their channel's turns (schema/35_fair_keys.sql), under the channel's row: the
-    -- rows locked or created above are this transaction's already; the others' keys wait in the
-    -- table for a later intake, like their channels.
-    IF v_kchan IS NOT NULL THEN
-        SELECT array_agg(c.name) INTO v_held
-        FROM (SELECT name FROM fairqueue.channel
-              WHERE name = ANY (ARRAY(SELECT DISTINCT unnest(v_kchan))) ORDER BY name
-              FOR NO KEY UPDATE SKIP LOCKED) AS c;
-        IF v_held IS NOT NULL THEN
-            PERFORM fairqueue._join_key_turns(
-                ARRAY(SELECT u.c FROM unnest(v_kchan, v_kkey) WITH ORDINALITY AS u(c, k, i)
-                      WHERE u.c = ANY (v_held) ORDER BY u.i),
-                ARRAY(SELECT u.k FROM unnest(v_kchan, v_kkey) WITH ORDINALITY AS u(c, k, i)
-                      WHERE u.c = ANY (v_held) ORDER BY u.i));
-            UPDATE fairqueue.channel SET keyed = true WHERE name = ANY (v_held) AND NOT keyed;
-        END IF;
-        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
-        SELECT u.c, u.k FROM unnest(v_kchan, v_kkey) AS u(c, k) WHERE u.c <> ALL (coalesce(v_held, '{}'));
-    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._place(p_job_id bigint, p_now timestamptz)

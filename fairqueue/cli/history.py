@@ -56,9 +56,9 @@ def add_report_command(commands: Any) -> None:
             "Reads the Parquet archive written by fairqueue archive (--from), the live completed_job table "
             "(--include-live), or both (an attempt in both counts once), computes throughput, queue wait and run "
             "time percentiles, failure and retry rates per window, channel and kind, Jain's fairness index per "
-            "window and the starvation incidents, and writes them as Parquet and CSV tables plus a self-contained "
-            "report.html. Before anything is archived, --include-live alone (or with a --from that does not exist "
-            "yet) reports on the live table."
+            "window and the starvation incidents (per channel, and within channels across their fair keys), and "
+            "writes them as Parquet and CSV tables plus a self-contained report.html. Before anything is archived, "
+            "--include-live alone (or with a --from that does not exist yet) reports on the live table."
         ),
     )
     report.add_argument(

@@ -19,6 +19,7 @@ import pytest
 
 from fairqueue.spark.archive import (
     APPLICATION,
+    CANONICAL_FIELDS,
     ArchiveError,
     Fingerprint,
     archive_history,
@@ -48,7 +49,7 @@ def fill_history(conn: psycopg.Connection[Any], rows: int, days: list[date], *, 
         conn.execute(
             """
             INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
-                worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at)
+                worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at, fair_key)
             SELECT %(first)s + g, 1 + g %% 3, (%(outcomes)s::text[])[1 + g %% 6], g %% 3 = 2 OR g %% 6 = 0,
                    'kind.' || (g %% 5), 'tenant-' || (g %% 7) || CASE WHEN g %% 7 = 0 THEN ' café ☕|x' ELSE '' END,
                    CASE WHEN g %% 11 = 0 THEN NULL
@@ -63,7 +64,8 @@ def fill_history(conn: psycopg.Connection[Any], rows: int, days: list[date], *, 
                    %(start)s + (g * interval '0.4 s') - interval '2 s',
                    CASE WHEN g %% 5 <> 0 THEN %(start)s + (g * interval '0.4 s') - interval '1.5 s' END,
                    CASE WHEN g %% 6 <> 5 THEN %(start)s + (g * interval '0.4 s') - interval '0.25 s' END,
-                   %(start)s + (g * interval '0.4 s') + interval '0.000123 s'
+                   %(start)s + (g * interval '0.4 s') + interval '0.000123 s',
+                   CASE WHEN g %% 29 = 0 THEN 'user ' || (g %% 4) || ' ü|N' WHEN g %% 31 = 0 THEN 'N' END
             FROM generate_series(0, %(count)s - 1) AS g
             """,
             {"first": first_id + n * per_day, "outcomes": list(OUTCOMES), "start": start, "count": count},
@@ -144,7 +146,7 @@ def test_archives_two_hundred_thousand_jobs_over_four_days(spark: Any, spark_url
         "job_id": "bigint",
         "attempt": "int",
         "final": "boolean",
-        **dict.fromkeys(("kind", "channel", "args", "result", "error", "unique_key", "fifo_key"), "string"),
+        **dict.fromkeys(("kind", "channel", "args", "result", "error", "unique_key", "fifo_key", "fair_key"), "string"),
         "worker_id": "bigint",
         **dict.fromkeys(("enqueued_at", "ready_at", "started_at", "finished_at"), "timestamp"),
         "day": "date",
@@ -430,6 +432,33 @@ def test_the_two_engines_agree_on_the_checksum_and_see_changes(spark: Any, spark
         shifted = sql_fingerprints(conn, table)
     assert total(changed).rows == total(in_sql).rows and changed != in_sql and shifted != changed
     assert Fingerprint(1, 2) + Fingerprint(3, 4) == Fingerprint(4, 6)
+
+
+def test_fair_key_enters_the_checksum_only_when_set_so_archives_without_it_still_check_out(
+    spark: Any, spark_url: str
+) -> None:
+    """fair_key was added to the archive later: a row without one hashes as before (no ``|N`` appended), so
+    a day archived before the column existed (its files lack it) has the checksum its manifest recorded."""
+    from pyspark.sql import functions as F
+
+    days = _past_days(1, back_from=40)
+    table = _table(days[0])
+    with psycopg.connect(spark_url, autocommit=True) as conn:
+        fill_history(conn, 600, days, first_id=50_000_000)
+        keyed = conn.execute(f"SELECT count(*) FROM fairqueue.{table} WHERE fair_key IS NOT NULL").fetchone()
+        assert keyed is not None and keyed[0] > 0
+        in_sql = sql_fingerprints(conn, table)
+        df = _read_partition(spark, spark_url, table, 600, (50_000_000, 50_000_600), rows_per_read=200)
+        assert "fair_key" in df.columns and df.where(F.col("fair_key").isNotNull()).count() == keyed[0]
+        assert spark_fingerprints(df) == in_sql  # keys with | and N in them: the same texts
+        # an old archive: the same rows without keys, written without the column
+        conn.execute(f"UPDATE fairqueue.{table} SET fair_key = NULL")
+        unkeyed = sql_fingerprints(conn, table)
+        old = _read_partition(spark, spark_url, table, 600, (50_000_000, 50_000_600)).drop("fair_key")
+        assert unkeyed != in_sql
+        assert spark_fingerprints(old) == unkeyed
+        conn.execute(f"DROP TABLE fairqueue.{table}")
+    assert ("fair_key", "optional") in CANONICAL_FIELDS
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 #: (column, kind) in the order they enter the canonical text of a row. Each value is written as
 #: ``<length>:<text>`` (length in characters; NULL as ``N``) and the values are joined with ``|``:
 #: numbers in decimal, booleans as ``t``/``f``, timestamps as microseconds since the epoch, text as it
-#: is, and JSON as PostgreSQL prints jsonb (which is what the archive stores).
+#: is, and JSON as PostgreSQL prints jsonb (which is what the archive stores). A column added later is of
+#: kind ``optional``: text that enters the canonical text only when it is not NULL (no ``N``), so a row
+#: without it hashes as it did before the column existed, and archives written before it still check out
+#: (their files lack the column; readers take it as NULL).
 CANONICAL_FIELDS = (
     ("job_id", "number"),
     ("attempt", "number"),
@@ -42,6 +45,7 @@ CANONICAL_FIELDS = (
     ("ready_at", "time"),
     ("started_at", "time"),
     ("finished_at", "time"),
+    ("fair_key", "optional"),
 )
 
 
@@ -74,11 +78,13 @@ def _sql_row_hash() -> sql.Composable:
         "time": Q.history_hash_time,
         "number": Q.history_hash_text,
         "text": Q.history_hash_text,
+        "optional": Q.history_hash_text,
     }
-    fields = [
-        sql.SQL(Q.history_hash_field).format(value=sql.SQL(as_text[kind]).format(column=sql.Identifier(name)))
-        for name, kind in CANONICAL_FIELDS
-    ]
+    fields = []
+    for name, kind in CANONICAL_FIELDS:
+        field = sql.SQL(Q.history_hash_field).format(value=sql.SQL(as_text[kind]).format(column=sql.Identifier(name)))
+        # an optional NULL is left out: concat_ws skips NULLs (a value is never just N: it has a length)
+        fields.append(sql.SQL("nullif({field}, 'N')").format(field=field) if kind == "optional" else field)
     return sql.SQL(Q.history_row_hash).format(fields=sql.SQL(", ").join(fields))
 
 
@@ -90,8 +96,13 @@ def sql_fingerprints(conn: psycopg.Connection[Any], table: str) -> Fingerprints:
 
 
 def spark_fingerprints(df: DataFrame) -> Fingerprints:
-    """Count and checksum of each outcome in ``df`` (the archive's columns), computed by Spark."""
+    """Count and checksum of each outcome in ``df`` (the archive's columns), computed by Spark. An optional
+    column ``df`` lacks (an archive written before it existed) is NULL."""
     from pyspark.sql import functions as F
+
+    for name, kind in CANONICAL_FIELDS:
+        if kind == "optional" and name not in df.columns:
+            df = df.withColumn(name, F.lit(None).cast("string"))
 
     parts = []
     for name, kind in CANONICAL_FIELDS:
@@ -102,7 +113,8 @@ def spark_fingerprints(df: DataFrame) -> Fingerprints:
             value = F.unix_micros(column).cast("string")
         else:
             value = column.cast("string")
-        parts.append(F.coalesce(F.concat(F.length(value).cast("string"), F.lit(":"), value), F.lit("N")))
+        text = F.concat(F.length(value).cast("string"), F.lit(":"), value)
+        parts.append(text if kind == "optional" else F.coalesce(text, F.lit("N")))  # concat_ws skips NULLs
     canonical = F.concat_ws("|", *parts)
     row_hash = F.conv(F.substring(F.md5(F.encode(canonical, "UTF-8")), 1, 15), 16, 10).cast("decimal(38,0)")
     rows = df.groupBy("outcome").agg(F.count(F.lit(1)).alias("rows"), F.sum(row_hash).alias("sum")).collect()

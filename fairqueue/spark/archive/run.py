@@ -75,6 +75,7 @@ COLUMNS = (
     "ready_at",
     "started_at",
     "finished_at",
+    "fair_key",  # added later: archives written before it lack it (readers take it as NULL)
 )
 
 

@@ -1,6 +1,7 @@
 """:func:`build_report`: the whole computation of ``fairqueue report``, step by step. It checks the options
 (:mod:`.params`), reads the attempts (:mod:`.sources`), computes the figures (:mod:`.figures`), the fairness per
-window (:mod:`.fairness`) and the starvation incidents (:mod:`.starvation`), and gathers them into a
+window (:mod:`.fairness`) and the starvation incidents (:mod:`.starvation`), per channel and within channels
+across their fair keys, and gathers them into a
 :class:`Report`: the tables as Spark DataFrames, the headline numbers, and the data of the page
 (:mod:`.page_data`). Writing it out is :mod:`.output`'s part."""
 
@@ -10,7 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from fairqueue.spark.report.fairness import backlog_islands, backlog_tolerance_us, backlogged, jain_per_window
+from fairqueue.spark.report.fairness import (
+    backlog_islands,
+    backlog_tolerance_us,
+    backlogged,
+    jain_per_window,
+    jain_per_window_and_channel,
+)
 from fairqueue.spark.report.figures import FIGURES, group_figures, seconds_in_period, with_share
 from fairqueue.spark.report.frames import keep, rows
 from fairqueue.spark.report.page_data import page_data
@@ -31,7 +38,18 @@ from fairqueue.spark.report.starvation import starvation_incidents
 DataFrame = Any  # pyspark.sql.DataFrame; PySpark is optional, so it is imported where it is used
 SparkSession = Any
 
-TABLES = ("summary", "channels", "kinds", "channel_windows", "kind_windows", "fairness_windows", "starvation")
+TABLES = (
+    "summary",
+    "channels",
+    "kinds",
+    "channel_windows",
+    "kind_windows",
+    "fairness_windows",
+    "starvation",
+    "key_fairness_windows",
+    "key_starvation",
+)
+KEY_BY = ("channel", "fair_key")  # fairness within channels, across fair keys
 MAX_WINDOWS = 100_000  # per report: the fairness table is collected
 
 
@@ -146,6 +164,19 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
     report.cached.append(fairness_windows)
     fairness_rows = sorted(rows(fairness_windows.drop("window_start")), key=lambda r: r["window_us"])
 
+    # 2b. within channels, across their fair keys (NULL is the key ''): only channels with two keys or more can
+    # have a window with two keys, or a key passed over while another of its channel was served
+    key_fairness, key_starvation = _key_fairness(attempts, params, period, window_duration)
+    report.cached += [key_fairness, key_starvation]
+    key_fairness_rows = rows(
+        key_fairness.select("window_us", "channel", "jain_index", "starvation_incidents", "starved_keys")
+    )
+    key_counted = key_starvation.agg(
+        F.count(F.lit(1)).alias("incidents"),
+        F.count_distinct(F.col("channel"), F.col("fair_key")).alias("keys"),
+    ).first()
+    assert key_counted is not None
+
     # 3. per channel and per kind over the whole period
     starved_per_channel = starvation.groupBy("channel").agg(F.count(F.lit(1)).alias("starvation_incidents"))
     active_windows = F.size(F.collect_set("window_us")).alias("active_windows")
@@ -195,6 +226,16 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
             "live_database": params.live,
         }
     )
+    key_fair = [r["jain_index"] for r in key_fairness_rows if r["jain_index"] is not None]
+    summary.update(
+        {
+            "keyed_channels": len({r["channel"] for r in key_fairness_rows}),
+            "key_jain_mean": sum(key_fair) / len(key_fair) if key_fair else None,
+            "key_jain_min": min(key_fair) if key_fair else None,
+            "key_starvation_incidents": int(key_counted["incidents"] or 0),
+            "starved_keys": int(key_counted["keys"] or 0),
+        }
+    )
     report.summary = summary
     window_cols = [
         F.timestamp_micros(F.col("window_us")).alias("window_start"),
@@ -214,6 +255,10 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
             *window_cols, *[c for c in fairness_windows.columns if c not in {"window_us", "window_start"}]
         ).orderBy("window_start"),
         "starvation": starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
+        "key_fairness_windows": key_fairness.select(
+            *window_cols, *[c for c in key_fairness.columns if c not in {"window_us", "window_start"}]
+        ).orderBy("window_start", "channel"),
+        "key_starvation": key_starvation.orderBy(F.desc("wait_s"), "job_id", "attempt"),
     }
     report.page = page_data(
         params,
@@ -227,7 +272,39 @@ def _compute(spark: SparkSession, report: Report, attempts: DataFrame) -> None:
         islands,
         period,
         notes=report.notes,
+        key_fairness=key_fairness,
+        key_starvation=key_starvation,
     )
+
+
+def _key_fairness(
+    attempts: DataFrame, params: ReportParams, period: tuple[int, int], window_duration: Any
+) -> tuple[DataFrame, DataFrame]:
+    """Fairness within channels, across their fair keys: per window and channel with at least two keys in the
+    window, Jain's index across the keys (:func:`.jain_per_window_and_channel`) with the window's key starvation
+    incidents; and the starvation incidents of the keys (:func:`.starvation_incidents` on (channel, key)). Both
+    cached."""
+    from pyspark.sql import functions as F
+
+    keyed = attempts.withColumn("fair_key", F.coalesce(F.col("fair_key"), F.lit("")))
+    several = keyed.groupBy("channel").agg(F.count_distinct("fair_key").alias("_keys")).where(F.col("_keys") >= 2)
+    keyed = keyed.join(F.broadcast(several.select("channel")), on="channel")
+    per_key = (
+        keyed.groupBy("window_us", *KEY_BY)
+        .agg(F.sum(F.col("final").cast("long")).alias("jobs"), F.count(F.lit(1)).alias("attempts"))
+        .withColumn("throughput_per_s", F.col("jobs") / window_duration)
+    )
+    islands = backlog_islands(keyed, backlog_tolerance_us(params), period, KEY_BY)
+    starvation = keep(starvation_incidents(keyed, params.threshold_us, KEY_BY, "key"))
+    starved = starvation.groupBy(F.unix_micros(F.col("window_start")).alias("window_us"), "channel").agg(
+        F.count(F.lit(1)).alias("starvation_incidents"), F.size(F.collect_set("fair_key")).alias("starved_keys")
+    )
+    fairness = (
+        jain_per_window_and_channel(per_key, backlogged(islands, params.window_us, "window_us", KEY_BY), "window_us")
+        .join(starved, on=["window_us", "channel"], how="left")
+        .fillna(0, subset=["starvation_incidents", "starved_keys"])
+    )
+    return keep(fairness), starvation
 
 
 _COUNTS = frozenset({"jobs", "attempts", "started", "failed_jobs", "retried_jobs"})
@@ -248,6 +325,11 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("starved_channels", "bigint"),
     ("source", "string"),
     ("live_database", "string"),
+    ("keyed_channels", "bigint"),
+    ("key_jain_mean", "double"),
+    ("key_jain_min", "double"),
+    ("key_starvation_incidents", "bigint"),
+    ("starved_keys", "bigint"),
 )
 
 

@@ -5,7 +5,9 @@ the page around them.
 
 Every figure shown also sits, unrounded, in a ``data-value`` attribute next to what it describes
 (``data-kpi``: a ``summary`` name; ``data-col``: a column of the row named around it by ``data-channel``,
-``data-kind``, ``data-window`` or ``data-job-id``; ``data-series``: a chart mark), for tools and tests. The
+``data-kind``, ``data-window`` or ``data-job-id``; ``data-keyed-channel``: a channel's row of the fairness
+across its fair keys, aggregated from key_fairness_windows and key_starvation; ``data-series``: a chart mark),
+for tools and tests. The
 headline, the findings and the tables show the report's own figures; only the charts may use longer windows.
 Names (channels, kinds) are escaped everywhere: they are whatever producers chose.
 """
@@ -116,6 +118,58 @@ def _starvation_table(page: dict[str, Any], groups: Groups) -> str:
             f"{''.join(cells)}</tr>"
         )
     return f'<table id="starvation"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _keyed_channels_table(page: dict[str, Any]) -> str:
+    head = (
+        "<tr><th>Channel</th><th>Windows with 2+ keys</th><th>Most keys in a window</th><th>Jain's index mean</th>"
+        "<th>Jain's index min</th><th>Key starvation incidents</th><th>Starved keys</th></tr>"
+    )
+    body = []
+    for r in page["keyed_channels"]:
+        cells = [
+            _name_cell(r["channel"], None),
+            _cell("windows", r["windows"], fmt_number(r["windows"])),
+            _cell("keys_max", r["keys_max"], fmt_number(r["keys_max"])),
+            _cell("jain_mean", r["jain_mean"], fmt_number(r["jain_mean"], 3)),
+            _cell("jain_min", r["jain_min"], fmt_number(r["jain_min"], 3), bad=(r["jain_min"] or 1.0) < 0.8),
+            _cell(
+                "starvation_incidents",
+                r["starvation_incidents"],
+                fmt_number(r["starvation_incidents"]),
+                bad=r["starvation_incidents"] > 0,
+            ),
+            _cell("starved_keys", r["starved_keys"], fmt_number(r["starved_keys"])),
+        ]
+        body.append(f'<tr data-keyed-channel="{attr(r["channel"])}">{"".join(cells)}</tr>')
+    return f'<table id="keyed-channels"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _keys_section(page: dict[str, Any]) -> list[str]:
+    """ "Fairness within channels, across fair keys": only when some channel had two keys or more in a window."""
+    s = page["summary"]
+    if not page.get("keyed_channels"):
+        return []
+    shown = len(page["keyed_channels"])
+    total = int(s.get("keyed_channels") or shown)
+    return [
+        '<section id="fair-keys"><h2>Fairness within channels, across fair keys</h2><p class="note">'
+        "Within a channel, jobs take turns across their fair keys (a job without one has the key “”). "
+        "Per window, Jain's index across the keys of a channel backlogged in it, for the channels with at least "
+        "two keys in the window (tables key_fairness_windows and key_starvation); a key starvation incident is a "
+        f"job that waited over {readable(float(page['threshold_seconds']))} at the head of its key while another "
+        "key of its channel had an attempt start. Mean Jain's index across keys "
+        + _summary_number("key_jain_mean", s.get("key_jain_mean"), fmt_number(s.get("key_jain_mean"), 3))
+        + ", min "
+        + _summary_number("key_jain_min", s.get("key_jain_min"), fmt_number(s.get("key_jain_min"), 3))
+        + "; "
+        + _summary_number(
+            "key_starvation_incidents", s.get("key_starvation_incidents"), fmt_number(s.get("key_starvation_incidents"))
+        )
+        + " key starvation incident(s). "
+        + (f"The {shown} least fair of {total} channels." if shown < total else "Least fair first.")
+        + f'</p><div class="scroll">{_keyed_channels_table(page)}</div></section>'
+    ]
 
 
 # -- the page -------------------------------------------------------------------------------------------
@@ -408,6 +462,7 @@ def render_html(page: dict[str, Any]) -> str:
         + "</p>"
         + (f'<div class="scroll">{_starvation_table(page, groups)}</div>' if page["starvation"] else "<p>None.</p>")
         + "</section>",
+        *_keys_section(page),
         '<section><h2>Kinds</h2><p class="note">'
         + (
             f"The {len(page['kinds'])} busiest of {page['kinds_total']} kinds."

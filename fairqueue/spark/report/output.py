@@ -200,7 +200,17 @@ def _spark_errors() -> Iterator[None]:
 
 
 def headline(summary: dict[str, Any]) -> list[str]:
-    """The headline figures, as the command prints them."""
+    """The headline figures, as the command prints them (fairness across fair keys only when some channel had
+    two keys or more in a window)."""
+    keys = (
+        [
+            f"fairness within channels across fair keys ({summary['keyed_channels']} channel(s) with 2+ keys in a "
+            f"window) mean {fmt_number(summary['key_jain_mean'], 3)}, min {fmt_number(summary['key_jain_min'], 3)}; "
+            f"key starvation incidents {summary['key_starvation_incidents']} in {summary['starved_keys']} key(s)"
+        ]
+        if summary.get("keyed_channels")
+        else []
+    )
     return [
         f"period {fmt_time(summary['period_start'])} .. {fmt_time(summary['period_end'])}: "
         f"{summary['windows']} window(s) of {format_duration(summary['window_seconds'])} with activity, "
@@ -215,6 +225,7 @@ def headline(summary: dict[str, Any]) -> list[str]:
         f"{fmt_number(summary['jain_mean'], 3)}, min {fmt_number(summary['jain_min'], 3)}; starvation incidents "
         f"{summary['starvation_incidents']} in {summary['starved_channels']} channel(s) (head waits over "
         f"{fmt_duration(summary['starvation_threshold_seconds'])})",
+        *keys,
     ]
 
 

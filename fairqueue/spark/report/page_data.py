@@ -58,10 +58,13 @@ def page_data(
     period: tuple[int, int],
     *,
     notes: tuple[str, ...] = (),
+    key_fairness: DataFrame | None = None,
+    key_starvation: DataFrame | None = None,
 ) -> dict[str, Any]:
     """Everything the HTML page shows, collected, from the report's attempts, tables and headline numbers
     (``summary``); ``least_fair`` is the ``fairness_windows`` row of ``summary``'s least fair window (the findings
-    name it), ``period`` is (start, end) in Unix microseconds; ``notes`` for the reader (e.g. no archive yet)."""
+    name it), ``period`` is (start, end) in Unix microseconds; ``notes`` for the reader (e.g. no archive yet);
+    ``key_fairness`` and ``key_starvation``: the report's tables of fairness within channels, across fair keys."""
     from pyspark.sql import functions as F
 
     period_start_us, period_end_us = period
@@ -105,6 +108,7 @@ def page_data(
             .fillna(0, subset=["starvation_incidents", "starved_channels"])
         )
     other_channels = int(summary["channels"]) - len(names)
+    keyed = [] if key_fairness is None else _keyed_channels(key_fairness, key_starvation)
     return {
         "generated_at": datetime.now(UTC),
         "source": params.source,
@@ -139,6 +143,7 @@ def page_data(
         ),
         "kinds": rows(kinds.orderBy(F.desc("jobs"), "kind").limit(TABLE_ROWS)),
         "kinds_total": int(summary["kinds"]),
+        "keyed_channels": keyed,
         "starvation": rows(
             micros_columns(
                 starvation.orderBy(F.desc("wait_s"), "job_id", "attempt").limit(INCIDENT_ROWS),
@@ -148,3 +153,27 @@ def page_data(
             )
         ),
     }
+
+
+def _keyed_channels(key_fairness: DataFrame, key_starvation: DataFrame | None) -> list[dict[str, Any]]:
+    """Per channel with a window of two fair keys or more (at most :data:`TABLE_ROWS`, least fair first): its
+    windows with two keys or more, the mean and the minimum of their Jain's index across keys, the most keys in
+    a window, and its key starvation incidents and starved keys over the period."""
+    from pyspark.sql import functions as F
+
+    per_channel = key_fairness.groupBy("channel").agg(
+        F.count(F.lit(1)).alias("windows"),
+        F.avg("jain_index").alias("jain_mean"),
+        F.min("jain_index").alias("jain_min"),
+        F.max("keys").alias("keys_max"),
+    )
+    if key_starvation is not None:
+        starved = key_starvation.groupBy("channel").agg(
+            F.count(F.lit(1)).alias("starvation_incidents"), F.count_distinct("fair_key").alias("starved_keys")
+        )
+        per_channel = per_channel.join(starved, on="channel", how="left").fillna(
+            0, subset=["starvation_incidents", "starved_keys"]
+        )
+    else:
+        per_channel = per_channel.withColumn("starvation_incidents", F.lit(0)).withColumn("starved_keys", F.lit(0))
+    return rows(per_channel.orderBy(F.asc_nulls_last("jain_min"), F.desc("windows"), "channel").limit(TABLE_ROWS))

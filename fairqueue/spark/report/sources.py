@@ -42,7 +42,11 @@ COLUMNS: dict[str, str] = {
     "ready_at": "timestamp",
     "started_at": "timestamp",
     "finished_at": "timestamp",
+    "fair_key": "string",
 }
+#: columns added to the archive later: an archive (or a day of it) written before them lacks them, and they
+#: are read as NULL there
+OPTIONAL = frozenset({"fair_key"})
 KEY = ("job_id", "attempt", "outcome", "finished_at")  # completed_job's primary key
 
 
@@ -102,7 +106,8 @@ def open_archive(spark: SparkSession, source: str, *, missing_ok: bool = False) 
                 return None
             raise ReportError(f"the archive at {source} is empty: no Parquet files in it (run fairqueue archive)")
     try:
-        df = spark.read.parquet(source)
+        # days archived before a column was added lack it: merged, their rows have it as NULL
+        df = spark.read.option("mergeSchema", "true").parquet(source)
     except AnalysisException as exc:
         if "UNABLE_TO_INFER_SCHEMA" in str(exc) or "Unable to infer schema" in str(exc):
             if missing_ok:
@@ -113,7 +118,7 @@ def open_archive(spark: SparkSession, source: str, *, missing_ok: bool = False) 
                 return None
             raise ReportError(f"no archive at {source}: no such path") from None
         raise ReportError(f"cannot read the archive at {source}: {spark_message(exc)}") from None
-    missing = [name for name in COLUMNS if name not in df.columns]
+    missing = [name for name in COLUMNS if name not in df.columns and name not in OPTIONAL]
     if missing:
         raise ReportError(
             f"{source} is not a fairqueue archive: it lacks the column{'s' if len(missing) > 1 else ''} "
@@ -133,7 +138,15 @@ def archive_attempts(archive: DataFrame, since: datetime | None) -> DataFrame:
         if "day" in df.columns:
             df = df.where(F.col("day").cast("date") >= F.lit(since.astimezone(UTC).date() - timedelta(days=1)))
         df = df.where(F.col("finished_at") >= F.lit(since))
-    return df.select(*(F.col(name).cast(kind).alias(name) for name, kind in COLUMNS.items()))
+    return df.select(*(_column(df, name, kind) for name, kind in COLUMNS.items()))
+
+
+def _column(df: DataFrame, name: str, kind: str) -> Any:
+    """``df``'s column ``name`` as ``kind``; NULL for an :data:`OPTIONAL` column that ``df`` lacks."""
+    from pyspark.sql import functions as F
+
+    column = F.col(name) if name in df.columns else F.lit(None)
+    return column.cast(kind).alias(name)
 
 
 def read_live(spark: SparkSession, database_url: str, since: datetime | None) -> tuple[DataFrame, int] | None:
@@ -171,7 +184,7 @@ def read_live(spark: SparkSession, database_url: str, since: datetime | None) ->
     )
     if since is not None:
         df = df.where(F.col("finished_at") >= F.lit(since))  # pushed down to PostgreSQL
-    rows = df.select(*(F.col(name).cast(kind).alias(name) for name, kind in COLUMNS.items()))
+    rows = df.select(*(_column(df, name, kind) for name, kind in COLUMNS.items()))
     return rows, int(bounds["first_finished_us"])
 
 

@@ -11,6 +11,9 @@ selected by the report count, on both sides. It is computed without pairing atte
 starved wait always spans two buckets and only its two edge buckets need the times), plus coarse buckets of
 64 for the middle of long waits; each candidate is exploded into the buckets its wait covers and equi-joined
 with that presence table.
+
+The same runs one level down on (channel, fair key): a key's head passed over while other keys of its channel
+were served (``by=("channel", "fair_key")``; the presence table is then joined within the channel).
 """
 
 from __future__ import annotations
@@ -31,19 +34,26 @@ def floor_div(column: str, divisor: int) -> Any:
     return F.expr(f"({column} - pmod({column}, CAST({divisor} AS BIGINT))) div CAST({divisor} AS BIGINT)")
 
 
-def starvation_incidents(attempts: DataFrame, threshold_us: int) -> DataFrame:
-    """The starvation incidents (see the module's docstring), one row each."""
+def starvation_incidents(
+    attempts: DataFrame, threshold_us: int, by: tuple[str, ...] = ("channel",), noun: str = "channel"
+) -> DataFrame:
+    """The starvation incidents (see the module's docstring), one row each. ``by``: the groups that take turns
+    (the last column) within their scope (the others): ``("channel",)``, or ``("channel", "fair_key")`` for the
+    fair keys of each channel (``noun`` "key"): a key's head passed over while other keys of its channel were
+    served. The count of the others served is ``other_<noun>s_served``."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     started = attempts.where(F.col("started_at").isNotNull()).withColumn("s_us", F.unix_micros(F.col("started_at")))
+    *scope, member = by
+    other, served_n = f"other_{member}", f"other_{noun}s_served"
     # which channels started something in each threshold-sized bucket, and when first and last
     fine = (
-        started.select("channel", floor_div("s_us", threshold_us).alias("bucket"), "s_us")
-        .groupBy("channel", "bucket")
+        started.select(*by, floor_div("s_us", threshold_us).alias("bucket"), "s_us")
+        .groupBy(*by, "bucket")
         .agg(F.min("s_us").alias("first_us"), F.max("s_us").alias("last_us"))
     )
-    coarse = fine.select("channel", floor_div("bucket", COARSE).alias("bucket")).distinct()
+    coarse = fine.select(*by, floor_div("bucket", COARSE).alias("bucket")).distinct()
     served = (
         fine.withColumn("level", F.lit(0))
         .unionByName(
@@ -51,11 +61,11 @@ def starvation_incidents(attempts: DataFrame, threshold_us: int) -> DataFrame:
             .withColumn("first_us", F.lit(None).cast("bigint"))
             .withColumn("last_us", F.lit(None).cast("bigint"))
         )
-        .withColumnRenamed("channel", "other_channel")
+        .withColumnRenamed(member, other)
     )
     # each attempt is its channel's head from when it was ready or the channel's previous start, whichever is
     # later: a job deep in a backlog is not starved while the jobs ahead of it are being served
-    in_channel = Window.partitionBy("channel").orderBy("s_us", "job_id", "attempt", "outcome", "finished_at")
+    in_channel = Window.partitionBy(*by).orderBy("s_us", "job_id", "attempt", "outcome", "finished_at")
     ready = F.col("s_us") - F.col("wait_us")
     heads = started.withColumn("r_us", F.greatest(ready, F.coalesce(F.lag("s_us").over(in_channel), ready)))
     # candidates: waited as the head longer than the threshold, so their wait spans at least two buckets
@@ -72,7 +82,7 @@ def starvation_incidents(attempts: DataFrame, threshold_us: int) -> DataFrame:
             "attempt",
             "outcome",
             "finished_at",
-            "channel",
+            *by,
             "kind",
             "window_start",
             F.col("wait_s").alias("queue_wait_s"),
@@ -95,15 +105,13 @@ def starvation_incidents(attempts: DataFrame, threshold_us: int) -> DataFrame:
         | ((bucket == F.col("f_s")) & (F.col("first_us") < F.col("s_us")))
     )
     return (
-        candidates.join(served, on=["level", "bucket"])
-        .where((F.col("other_channel") != F.col("channel")) & meanwhile)
-        .groupBy(
-            "job_id", "attempt", "outcome", "finished_at", "channel", "kind", "window_start", "queue_wait_s", "r_us"
-        )
-        .agg(F.size(F.collect_set("other_channel")).alias("other_channels_served"), F.max("s_us").alias("s_us"))
+        candidates.join(served, on=[*scope, "level", "bucket"])
+        .where((F.col(other) != F.col(member)) & meanwhile)
+        .groupBy("job_id", "attempt", "outcome", "finished_at", *by, "kind", "window_start", "queue_wait_s", "r_us")
+        .agg(F.size(F.collect_set(other)).alias(served_n), F.max("s_us").alias("s_us"))
         .select(
             "window_start",
-            "channel",
+            *by,
             "kind",
             "job_id",
             "attempt",
@@ -112,6 +120,6 @@ def starvation_incidents(attempts: DataFrame, threshold_us: int) -> DataFrame:
             F.timestamp_micros(F.col("s_us")).alias("started_at"),
             ((F.col("s_us") - F.col("r_us")) / F.lit(float(MICROS))).alias("wait_s"),
             "queue_wait_s",
-            "other_channels_served",
+            served_n,
         )
     )

@@ -65,7 +65,7 @@ CASE WHEN {column} THEN 't' WHEN NOT {column} THEN 'f' END
 -- What the archive's JDBC read selects from a partition: jsonb as text, so the archive holds exactly
 -- what the SQL checksum hashed.
 (SELECT job_id, attempt, outcome, final, kind, channel, args::text AS args, result::text AS result, error,
-        worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at
+        worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at, finished_at, fair_key
  FROM {table}) AS history
 
 -- name: history_lock_timeout

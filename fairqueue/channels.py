@@ -16,7 +16,7 @@ from fairqueue._db import Steps, arun, run
 from fairqueue.errors import InvalidChannelConfigError
 from fairqueue.producer import _configure_channel
 from fairqueue.sql import Q
-from fairqueue.validation import check_channel_settings, parse_rate_limit
+from fairqueue.validation import check_channel_settings, check_key_max_concurrency, parse_rate_limit
 
 __all__ = ["UNCHANGED", "ChannelSettings", "aupdate_channel", "burst_number", "update_channel"]
 
@@ -51,10 +51,19 @@ class ChannelSettings:
     burst: int | float  # 1 without a rate limit; a whole number as an int (see burst_number)
     weight: int
     paused: bool
+    key_max_concurrency: int | None = None  # None: no cap per fair key
+
+    def __repr__(self) -> str:
+        # the caps side by side; the settings that came first keep their places
+        return (
+            f"ChannelSettings(name={self.name!r}, max_concurrency={self.max_concurrency!r}, "
+            f"key_max_concurrency={self.key_max_concurrency!r}, rate_limit={self.rate_limit!r}, "
+            f"burst={self.burst!r}, weight={self.weight!r}, paused={self.paused!r})"
+        )
 
 
 #: A channel nobody configured: no row yet, these settings.
-_DEFAULTS = (None, None, 1, 1, False)
+_DEFAULTS = (None, None, 1, 1, False, None)
 
 
 def update_channel(
@@ -66,15 +75,17 @@ def update_channel(
     burst: float | Unchanged = UNCHANGED,
     weight: int | Unchanged = UNCHANGED,
     paused: bool | Unchanged = UNCHANGED,
+    key_max_concurrency: int | Unchanged | None = UNCHANGED,
 ) -> ChannelSettings:
     """Changes the settings it is given and keeps the others; returns the channel's settings after it.
 
     Only the keyword arguments passed change; the defaults (:data:`UNCHANGED`) keep the current value.
-    ``None`` removes: ``max_concurrency=None`` the concurrency cap, ``rate_limit=None`` the rate limit
-    (and its burst, which goes back to 1). A burst belongs to a rate limit: a ``burst`` other than 1
-    for a channel left without one is refused. A channel that has no settings yet starts from the
-    defaults (no cap, no rate limit, burst 1, weight 1, not paused); with nothing to change, nothing
-    is written and the current settings are returned. The values mean what
+    ``None`` removes: ``max_concurrency=None`` the concurrency cap, ``key_max_concurrency=None`` the cap
+    per fair key, ``rate_limit=None`` the rate limit (and its burst, which goes back to 1). A burst
+    belongs to a rate limit: a ``burst`` other than 1 for a channel left without one is refused. A
+    channel that has no settings yet starts from the defaults (no cap, no rate limit, burst 1, weight
+    1, not paused, no cap per key); with nothing to change, nothing is written and the current
+    settings are returned. The values mean what
     :func:`fairqueue.configure_channel`'s mean, and are checked the same way.
 
     Every value is checked before the database is touched: a bad one raises
@@ -88,7 +99,8 @@ def update_channel(
     transaction ends, so edits of different settings all land; keep the transaction short. It needs
     no write privilege on any table: the ``admin`` level of ``fairqueue grant`` is enough.
     """
-    return run(db, _update_channel(name, max_concurrency, rate_limit, burst, weight, paused), "update_channel")
+    steps = _update_channel(name, max_concurrency, rate_limit, burst, weight, paused, key_max_concurrency)
+    return run(db, steps, "update_channel")
 
 
 async def aupdate_channel(
@@ -100,9 +112,10 @@ async def aupdate_channel(
     burst: float | Unchanged = UNCHANGED,
     weight: int | Unchanged = UNCHANGED,
     paused: bool | Unchanged = UNCHANGED,
+    key_max_concurrency: int | Unchanged | None = UNCHANGED,
 ) -> ChannelSettings:
     """:func:`update_channel` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
-    steps = _update_channel(name, max_concurrency, rate_limit, burst, weight, paused)
+    steps = _update_channel(name, max_concurrency, rate_limit, burst, weight, paused, key_max_concurrency)
     return await arun(db, steps, "aupdate_channel")
 
 
@@ -113,6 +126,7 @@ def _update_channel(
     burst: float | Unchanged,
     weight: int | Unchanged,
     paused: bool | Unchanged,
+    key_max_concurrency: int | Unchanged | None = UNCHANGED,
 ) -> Steps[ChannelSettings]:
     rate_text = None if rate_limit is None or rate_limit is UNCHANGED else parse_rate_limit(rate_limit)[0]
     # the checks of configure_channel, on what was given (placeholders stand for the rest)
@@ -123,15 +137,19 @@ def _update_channel(
         False if paused is UNCHANGED else paused,
         1 if burst is UNCHANGED else burst,
     )
+    if key_max_concurrency is not UNCHANGED:
+        check_key_max_concurrency(key_max_concurrency)
     if rate_limit is None and burst is not UNCHANGED and burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
 
-    if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst, weight, paused)):
-        [(cap, rate, rate_burst, weight_now, paused_now)] = (yield Q.channel_settings, (channel,)) or [_DEFAULTS]
-        return ChannelSettings(channel, cap, rate, burst_number(rate_burst), weight_now, paused_now)
+    if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst, weight, paused, key_max_concurrency)):
+        [(cap, rate, rate_burst, weight_now, paused_now, key_cap)] = (yield Q.channel_settings, (channel,)) or [
+            _DEFAULTS
+        ]
+        return ChannelSettings(channel, cap, rate, burst_number(rate_burst), weight_now, paused_now, key_cap)
     yield Q.channel_edit_lock, (channel,)
     [current] = (yield Q.channel_settings, (channel,)) or [_DEFAULTS]
-    cap, rate, rate_burst, weight_now, paused_now = current
+    cap, rate, rate_burst, weight_now, paused_now, key_cap = current
     if max_concurrency is not UNCHANGED:
         cap = max_concurrency
     if rate_limit is not UNCHANGED:
@@ -149,8 +167,15 @@ def _update_channel(
         burst=burst_number(rate_burst),
         weight=weight_now if weight is UNCHANGED else weight,
         paused=paused_now if paused is UNCHANGED else paused,
+        key_max_concurrency=key_cap if key_max_concurrency is UNCHANGED else key_max_concurrency,
     )
     yield from _configure_channel(
-        channel, settings.max_concurrency, settings.rate_limit, settings.weight, settings.paused, settings.burst
+        channel,
+        settings.max_concurrency,
+        settings.rate_limit,
+        settings.weight,
+        settings.paused,
+        settings.burst,
+        settings.key_max_concurrency,
     )
     return settings

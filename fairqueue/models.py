@@ -51,6 +51,7 @@ class Channel(Base):
         Index("channel_eligible_idx", "vtime", "served_at", "name", postgresql_where=text("eligible")),
         Index("channel_throttled_idx", "throttled_until", postgresql_where=text("throttled_until IS NOT NULL")),
         Index("channel_capped_idx", "name", postgresql_where=text("max_concurrency IS NOT NULL")),
+        Index("channel_key_capped_idx", "name", postgresql_where=text("key_max_concurrency IS NOT NULL")),
         {
             "postgresql_with": {
                 "fillfactor": 50,
@@ -86,6 +87,8 @@ class Channel(Base):
         ),
     )
     keyed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # has fair keys in turn
+    # at most this many running jobs per fair key (None: no cap); counted in ChannelKey.running
+    key_max_concurrency: Mapped[int | None] = mapped_column(Integer)
 
 
 class ChannelKey(Base):
@@ -94,7 +97,7 @@ class ChannelKey(Base):
 
     __tablename__ = "channel_key"
     __table_args__ = (
-        Index("channel_key_turn_idx", "channel", "vtime", "served_at", "fair_key"),
+        Index("channel_key_turn_idx", "channel", "vtime", "served_at", "fair_key", postgresql_where=text("in_turn")),
         {
             "postgresql_with": {
                 "fillfactor": 50,
@@ -114,6 +117,10 @@ class ChannelKey(Base):
     served_at: Mapped[datetime] = mapped_column(
         TZ, server_default=text("'1970-01-01 00:00:00+00'::timestamp with time zone")
     )
+    # the key's running jobs, counted while its channel caps its keys (key_max_concurrency)
+    running: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # takes turns: false while the key is at its cap (or has only running jobs left)
+    in_turn: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
 
 
 class ChannelActive(Base):

@@ -16,6 +16,7 @@ from fairqueue.validation import (
     MAX_CHANNEL,
     check_after,
     check_channel_settings,
+    check_key_max_concurrency,
     check_max_attempts,
     check_name,
     check_optional_text,
@@ -343,6 +344,7 @@ def configure_channel(
     weight: int = 1,
     paused: bool = False,
     burst: float = 1,
+    key_max_concurrency: int | None = None,
 ) -> None:
     """Sets a channel's limits (all of them: omitted ones return to their defaults).
 
@@ -351,10 +353,14 @@ def configure_channel(
       ``burst`` is how many may start back to back after a quiet spell (default 1: evenly spaced).
     - ``weight``: share of service relative to other busy channels (2 = twice the share of 1).
     - ``paused``: no job of the channel starts while true; jobs still queue.
+    - ``key_max_concurrency``: jobs of any one fair key of the channel running at once across all
+      workers, e.g. 2 for "each user at most 2 at once" (None: no cap per key). Jobs without a fair key
+      are not counted.
 
     Runs in the caller's transaction and holds the channel's row until it ends: keep it short.
     """
-    run(db, _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst), "configure_channel")
+    steps = _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst, key_max_concurrency)
+    run(db, steps, "configure_channel")
 
 
 async def aconfigure_channel(
@@ -366,19 +372,28 @@ async def aconfigure_channel(
     weight: int = 1,
     paused: bool = False,
     burst: float = 1,
+    key_max_concurrency: int | None = None,
 ) -> None:
     """:func:`configure_channel` for async code (``db`` as for :func:`aenqueue`)."""
-    await arun(db, _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst), "aconfigure_channel")
+    steps = _configure_channel(name, max_concurrency, rate_limit, weight, paused, burst, key_max_concurrency)
+    await arun(db, steps, "aconfigure_channel")
 
 
 def _configure_channel(
-    name: object, max_concurrency: object, rate_limit: object, weight: object, paused: object, burst: object
+    name: object,
+    max_concurrency: object,
+    rate_limit: object,
+    weight: object,
+    paused: object,
+    burst: object,
+    key_max_concurrency: object = None,
 ) -> Steps[None]:
     channel, cap, weight_, paused_, burst_ = check_channel_settings(name, max_concurrency, weight, paused, burst)
+    key_cap = check_key_max_concurrency(key_max_concurrency)
     rate_text: str | None = None
     per_second: float | None = None
     if rate_limit is not None:
         rate_text, per_second = parse_rate_limit(rate_limit)
     elif burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
-    yield Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_)
+    yield Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_, key_cap)

@@ -56,7 +56,7 @@ def _channel_state(paused: bool, ready: int, running: int) -> str:
 def collect_channels(db: object) -> list[dict[str, Any]]:
     """One row per channel that has a configuration or live jobs, largest backlog first."""
     channels = []
-    for name, ready, scheduled, running, cap, rate, burst, weight, paused, oldest in executor_for(db).rows(
+    for name, ready, scheduled, running, cap, rate, burst, weight, paused, oldest, key_cap in executor_for(db).rows(
         Q.status_channels
     ):
         channels.append(
@@ -72,6 +72,8 @@ def collect_channels(db: object) -> list[dict[str, Any]]:
                 "paused": bool(paused),
                 "state": _channel_state(bool(paused), int(ready), int(running)),
                 "oldest_ready_seconds": None if oldest is None else max(0.0, float(oldest)),
+                # jobs of one fair key of the channel running at once (None: no cap per key)
+                "key_max_concurrency": key_cap,
             }
         )
     return channels

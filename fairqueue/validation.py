@@ -286,6 +286,16 @@ def check_channel_settings(
     return channel, max_concurrency, weight, paused, float(burst)  # type: ignore[return-value]
 
 
+def check_key_max_concurrency(value: object) -> int | None:
+    """A channel's cap per fair key: None (no cap) or a whole number from 1 to MAX_CONCURRENCY."""
+    if value is not None and (not _is_int(value) or not 1 <= value <= MAX_CONCURRENCY):  # type: ignore[operator]
+        raise InvalidChannelConfigError(
+            f"key_max_concurrency must be a whole number from 1 to {MAX_CONCURRENCY:,} (or None for no cap per "
+            f"fair key), got {value!r}"
+        )
+    return value  # type: ignore[return-value]
+
+
 def check_result(value: Any, *, limit: int) -> str | None:
     if value is None:
         return None

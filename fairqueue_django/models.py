@@ -319,6 +319,7 @@ class Channel(ReadOnlyModel):
     created_at = models.DateTimeField()
     eligible = models.BooleanField()
     keyed = models.BooleanField()  # its jobs may have fair keys: they take turns by key
+    key_max_concurrency = models.IntegerField("max concurrency per fair key", null=True, blank=True)
 
     objects: ClassVar[Any] = QueueManager.from_queryset(ChannelQuerySet)()
 

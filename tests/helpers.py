@@ -58,12 +58,18 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
         expected = counts.get(channel, 0) if capped else 0
         assert n == expected, f"channel {channel}: running={n} but {counts.get(channel, 0)} running jobs"
 
+    # (a key at its channel's cap per key waits for a finish to free a slot, which wakes it: its
+    # ready jobs keep neither their channel active nor their key in turn)
+    at_cap = """EXISTS (SELECT 1 FROM fairqueue.channel_key k JOIN fairqueue.channel kc ON kc.name = k.channel
+                         WHERE k.channel = r.channel AND k.fair_key = r.fair_key
+                           AND k.running >= kc.key_max_concurrency)"""
     stranded = conn.execute(
-        """
+        f"""
         SELECT DISTINCT r.channel FROM fairqueue.running_job r
         LEFT JOIN fairqueue.channel c ON c.name = r.channel
         WHERE r.worker_id IS NULL AND coalesce(NOT c.active, true)
           AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup w WHERE w.channel = r.channel)
+          AND NOT {at_cap}
         """
     ).fetchall()
     assert not stranded, f"channels with ready jobs that no claim will look at: {stranded}"
@@ -71,16 +77,31 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     # a ready job with a fair key is taken only while its key is in its channel's turns (channel_key,
     # with channel.keyed set), or about to be (a wakeup names the key)
     stranded_keys = conn.execute(
-        """
+        f"""
         SELECT DISTINCT r.channel, r.fair_key FROM fairqueue.running_job r
-        WHERE r.worker_id IS NULL AND r.fair_key IS NOT NULL
+        WHERE r.worker_id IS NULL AND r.fair_key IS NOT NULL AND NOT {at_cap}
           AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
-                          WHERE k.channel = r.channel AND k.fair_key = r.fair_key AND c.keyed)
+                          WHERE k.channel = r.channel AND k.fair_key = r.fair_key AND c.keyed AND k.in_turn)
           AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup w
                           WHERE w.channel = r.channel AND w.fair_key = r.fair_key)
         """
     ).fetchall()
     assert not stranded_keys, f"fair keys with ready jobs that no claim will take: {stranded_keys}"
+
+    # each key's running jobs are counted exactly while its channel caps its keys, and not at all otherwise
+    miscounted = conn.execute(
+        """
+        SELECT coalesce(k.channel, r.channel), coalesce(k.fair_key, r.fair_key), k.running, r.n
+        FROM (SELECT k.channel, k.fair_key, k.running FROM fairqueue.channel_key k) AS k
+        FULL JOIN (SELECT r.channel, r.fair_key, count(*)::integer AS n FROM fairqueue.running_job r
+                   JOIN fairqueue.channel c ON c.name = r.channel AND c.key_max_concurrency IS NOT NULL
+                   WHERE r.worker_id IS NOT NULL AND r.fair_key IS NOT NULL
+                   GROUP BY r.channel, r.fair_key) AS r
+          ON r.channel = k.channel AND r.fair_key = k.fair_key
+        WHERE coalesce(k.running, 0) <> coalesce(r.n, 0)
+        """
+    ).fetchall()
+    assert not miscounted, f"fair keys whose running count is wrong (channel, key, counted, running): {miscounted}"
 
 
 def drain(conn: psycopg.Connection[Any], worker_id: int, *, batch: int = 100) -> list[fairqueue.ClaimedJob]:

@@ -267,11 +267,12 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
     from fairqueue.errors import InvalidChannelConfigError
 
     check_text("channel name", args.name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
-    changes = (args.max_concurrency, args.rate_limit, args.burst, args.weight, args.paused)
-    if all(c is None for c in changes) and not (args.no_max_concurrency or args.no_rate_limit):
+    changes = (args.max_concurrency, args.rate_limit, args.burst, args.weight, args.paused, args.key_max_concurrency)
+    cleared = (args.no_max_concurrency, args.no_rate_limit, args.no_key_max_concurrency)
+    if all(c is None for c in changes) and not any(cleared):
         raise InvalidChannelConfigError(
             "nothing to change: give --max-concurrency, --no-max-concurrency, --rate-limit, --no-rate-limit, "
-            "--burst, --weight, --pause or --resume"
+            "--burst, --weight, --pause, --resume, --key-max-concurrency or --no-key-max-concurrency"
         )
 
     def given(value: Any, *, cleared: bool = False) -> Any:
@@ -286,10 +287,12 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
             burst=given(args.burst),
             weight=given(args.weight),
             paused=given(args.paused),
+            key_max_concurrency=given(args.key_max_concurrency, cleared=args.no_key_max_concurrency),
         )
     print(
         f"channel {args.name}: max_concurrency={result.max_concurrency or '-'} rate_limit={result.rate_limit or '-'} "
         f"burst={result.burst:g} weight={result.weight} {'paused' if result.paused else 'not paused'}"
+        + (f" key_max_concurrency={result.key_max_concurrency}" if result.key_max_concurrency is not None else "")
     )
     return 0
 
@@ -462,6 +465,11 @@ def add_admin_commands(commands: Any) -> None:
     cap = setting.add_mutually_exclusive_group()
     cap.add_argument("--max-concurrency", type=int, metavar="N", help="jobs of the channel running at once")
     cap.add_argument("--no-max-concurrency", action="store_true", help="remove the concurrency cap")
+    key_cap = setting.add_mutually_exclusive_group()
+    key_cap.add_argument(
+        "--key-max-concurrency", type=int, metavar="N", help="jobs of any one fair key of the channel running at once"
+    )
+    key_cap.add_argument("--no-key-max-concurrency", action="store_true", help="remove the cap per fair key")
     rate = setting.add_mutually_exclusive_group()
     rate.add_argument("--rate-limit", metavar="RATE", help="starts allowed, e.g. 10/s, 600/m, 3/10s")
     rate.add_argument("--no-rate-limit", action="store_true", help="remove the rate limit")

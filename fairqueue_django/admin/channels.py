@@ -21,7 +21,7 @@ from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
 from fairqueue.status import collect_busiest_keys, describe_keys
 from fairqueue.text import visible
-from fairqueue.validation import check_channel_settings, parse_rate_limit
+from fairqueue.validation import check_channel_settings, check_key_max_concurrency, parse_rate_limit
 from fairqueue_django import conf
 from fairqueue_django.admin.base import (
     BOTH_PLACES,
@@ -34,7 +34,7 @@ from fairqueue_django.admin.base import (
 )
 from fairqueue_django.models import Channel, Job, RunningJob, ScheduledJob
 
-LIMIT_FIELDS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
+LIMIT_FIELDS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused", "key_max_concurrency")
 
 
 def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
@@ -54,6 +54,7 @@ def edit_channel(name: str, **changes: Any) -> dict[str, Any]:
         "rate_burst": result.burst,
         "weight": result.weight,
         "paused": result.paused,
+        "key_max_concurrency": result.key_max_concurrency,
     }
 
 
@@ -75,6 +76,7 @@ CHANNEL_DEFAULTS: dict[str, Any] = {
     "created_at": None,
     "eligible": False,
     "keyed": False,
+    "key_max_concurrency": None,
 }
 
 
@@ -133,6 +135,13 @@ class ChannelLimitsForm(forms.ModelForm):
     paused = forms.BooleanField(
         required=False, show_hidden_initial=True, help_text="No job of this channel starts; jobs still queue."
     )
+    key_max_concurrency = forms.IntegerField(
+        label="Max concurrency per fair key",
+        required=False,
+        show_hidden_initial=True,
+        help_text="Jobs of any one fair key of this channel (e.g. one user) running at once across all workers. "
+        "Jobs without a key are not counted. Empty: no cap per key.",
+    )
 
     class Meta:
         model = Channel
@@ -156,6 +165,7 @@ class ChannelLimitsForm(forms.ModelForm):
             check_channel_settings(
                 self.instance.name, data["max_concurrency"], data["weight"], data["paused"], data["rate_burst"]
             )
+            check_key_max_concurrency(data["key_max_concurrency"])
             if data["rate_limit"] is None and data["rate_burst"] != 1:
                 if "rate_burst" in self.changed_data:
                     raise InvalidChannelConfigError("burst only applies together with a rate_limit")

@@ -689,6 +689,8 @@ def test_channels_set_changes_only_the_given_settings(cli: Run, conn: psycopg.Co
         ["--rate-limit", "1/s", "--burst", "3000000000"],
         ["--max-concurrency", "99999999999"],
         ["--rate-limit", "9" * 400 + "/s"],
+        ["--key-max-concurrency", "0"],
+        ["--key-max-concurrency", "-2"],
     ],
 )
 def test_channels_set_rejects_bad_values_and_changes_nothing(
@@ -702,6 +704,24 @@ def test_channels_set_rejects_bad_values_and_changes_nothing(
     code, _, _ = cli("channels", "set", "newco", *argv)
     assert code == 2
     assert _channel(conn, "newco") is None
+
+
+def test_channels_set_caps_each_fair_key_and_keeps_the_other_settings(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "acme", max_concurrency=3, weight=2)
+    code, out, err = cli("channels", "set", "acme", "--key-max-concurrency", "2")
+    assert (code, err) == (0, "")
+    assert out.strip() == (
+        "channel acme: max_concurrency=3 rate_limit=- burst=1 weight=2 not paused key_max_concurrency=2"
+    )
+    row = conn.execute("SELECT key_max_concurrency, max_concurrency, weight FROM fairqueue.channel WHERE name = 'acme'")
+    assert row.fetchone() == (2, 3, 2)
+    cli("channels", "set", "acme", "--pause")  # other edits keep the cap per key
+    assert fairqueue.update_channel(conn, "acme").key_max_concurrency == 2
+    code, out, _ = cli("channels", "set", "acme", "--no-key-max-concurrency")
+    assert code == 0 and "key_max_concurrency" not in out
+    assert fairqueue.update_channel(conn, "acme").key_max_concurrency is None
+    code, _, err = cli("channels", "set", "acme", "--key-max-concurrency", "0")
+    assert code == 2 and "key_max_concurrency must be a whole number from 1 to 1,000,000" in err
 
 
 @pytest.mark.parametrize(

@@ -588,7 +588,7 @@ def test_a_burst_is_shown_as_it_was_given(login: MakeClient, queue: Queue, dj: p
     assert _channel(dj, "tenant-a") == before
 
 
-LIMITS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused")
+LIMITS = ("max_concurrency", "rate_limit", "rate_burst", "weight", "paused", "key_max_concurrency")
 
 
 def _form_data(form: Any, **changes: Any) -> dict[str, str]:
@@ -636,6 +636,7 @@ def test_edit_a_channels_limits(login: MakeClient, queue: Queue, dj: psycopg.Con
         ({"max_concurrency": 0}, None, "max_concurrency must be a whole number of at least 1"),
         ({"rate_burst": 0.5}, None, "burst must be a number of at least 1"),
         ({"rate_limit": None, "rate_burst": 4}, None, "burst only applies together with a rate_limit"),
+        ({"key_max_concurrency": 0}, None, "key_max_concurrency must be a whole number from 1 to 1,000,000"),
     ],
 )
 def test_invalid_limits_are_form_errors_and_change_nothing(
@@ -655,6 +656,22 @@ def test_invalid_limits_are_form_errors_and_change_nothing(
     errors = form.errors.get(field or "__all__", [])
     assert any(message in e for e in errors), form.errors
     assert _channel(dj, "tenant-a") == before
+
+
+def test_a_cap_per_fair_key_is_edited_on_the_channel_page(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any]
+) -> None:
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    page = client.get(url)
+    assert "Max concurrency per fair key" in page.content.decode()
+    response = client.post(url, _form_data(page.context["adminform"].form, key_max_concurrency=2), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    row = dj.execute("SELECT key_max_concurrency FROM fairqueue.channel WHERE name = 'tenant-a'").fetchone()
+    assert row == (2,)
+    assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 2, False)  # the other settings kept
+    client.post(url, _form_data(client.get(url).context["adminform"].form, key_max_concurrency=None))
+    assert dj.execute("SELECT key_max_concurrency FROM fairqueue.channel WHERE name = 'tenant-a'").fetchone() == (None,)
 
 
 def test_saving_an_old_page_does_not_undo_a_pause_made_meanwhile(

@@ -51,6 +51,7 @@ def test_each_down_step_drops_what_dropped_by_says(empty_database_url: str) -> N
         "fq0010",
         "fq0011",
         "fq0012",
+        "fq0013",
     ]
 
 

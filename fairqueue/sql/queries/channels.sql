@@ -14,5 +14,5 @@ SELECT pg_advisory_xact_lock(1718681603, hashtext(%s))
 -- A channel's settings (no row: the channel has default settings). Read under channel_edit_lock: every
 -- writer of these columns (configure_channel) takes that lock first, so nothing changes them until the
 -- edit's transaction ends.
-SELECT max_concurrency, rate_limit, rate_burst, weight, paused
+SELECT max_concurrency, rate_limit, rate_burst, weight, paused, key_max_concurrency
 FROM fairqueue.channel WHERE name = %s

@@ -24,4 +24,4 @@ SELECT fairqueue.existing_job_ids(%(ids)s::bigint[])
 -- name: configure_channel
 -- Sets every setting of a channel (creating its row if needed).
 SELECT fairqueue.configure_channel(%s, %s::integer, %s, %s::double precision, %s::double precision,
-                                   %s::integer, %s::boolean)
+                                   %s::integer, %s::boolean, %s::integer)

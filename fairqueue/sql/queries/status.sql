@@ -26,7 +26,8 @@ names AS (
 SELECT n.name,
        coalesce(l.ready, 0), coalesce(s.scheduled, 0), coalesce(l.running, 0),
        c.max_concurrency, c.rate_limit, coalesce(c.rate_burst, 1), coalesce(c.weight, 1), coalesce(c.paused, false),
-       extract(epoch FROM now() - l.oldest_ready_at)::double precision
+       extract(epoch FROM now() - l.oldest_ready_at)::double precision,
+       c.key_max_concurrency
 FROM names n
 LEFT JOIN fairqueue.channel c ON c.name = n.name
 LEFT JOIN live l ON l.channel = n.name

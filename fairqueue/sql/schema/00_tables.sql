@@ -46,13 +46,17 @@ CREATE TABLE fairqueue.channel (
     -- true while the channel may have jobs with a fair key: the claim then takes its jobs in turns
     -- across its keys (channel_key, schema/35_fair_keys.sql) instead of straight from its ready queue
     keyed            boolean NOT NULL DEFAULT false,
+    -- at most this many jobs of one fair key of the channel run at once, across all workers (NULL:
+    -- no cap); the count is channel_key.running
+    key_max_concurrency integer,
     CONSTRAINT channel_name_check CHECK (length(name) BETWEEN 1 AND 200),
     CONSTRAINT channel_weight_check CHECK (weight BETWEEN 1 AND 1000),
     CONSTRAINT channel_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
     CONSTRAINT channel_rate_check CHECK (
         (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
     CONSTRAINT channel_burst_check CHECK (rate_burst >= 1),
-    CONSTRAINT channel_running_check CHECK (running >= 0)
+    CONSTRAINT channel_running_check CHECK (running >= 0),
+    CONSTRAINT channel_key_max_concurrency_check CHECK (key_max_concurrency IS NULL OR key_max_concurrency >= 1)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 -- The claim walks this index in fair order: least service first, ties to the least recently
@@ -62,6 +66,9 @@ CREATE INDEX channel_throttled_idx ON fairqueue.channel (throttled_until) WHERE 
 -- The capped channels: a finish gives back slots only to these, and finds out that it has none to
 -- give back without reading the rows of the channels it finished jobs of.
 CREATE INDEX channel_capped_idx ON fairqueue.channel (name) WHERE max_concurrency IS NOT NULL;
+-- The same for channels that cap each fair key (key_max_concurrency): a finish of keyed jobs gives
+-- their keys' slots back only in these.
+CREATE INDEX channel_key_capped_idx ON fairqueue.channel (name) WHERE key_max_concurrency IS NOT NULL;
 
 -- What producers read: whether a channel is active (schema/10_enqueue.sql, _wake_channel). A copy
 -- of channel.active kept by a trigger on channel (_copy_channel_active), so it changes only when a
@@ -80,16 +87,24 @@ CREATE TABLE fairqueue.channel_active (
 -- while its key is in turn (it has, or may have, ready jobs); the channel's jobs without a key take
 -- turns as the key ''. Written only by a transaction that holds the channel's row (a claim serving
 -- it, an intake waking its keys), so the rows of one channel never race (schema/35_fair_keys.sql).
+-- In a channel with a cap per key (channel.key_max_concurrency), a row also counts its key's running
+-- jobs, and stays while they run: a key at its cap leaves the turns (in_turn false) until a finish
+-- gives a slot back; finishes only decrement running, under the row's lock.
 CREATE TABLE fairqueue.channel_key (
     channel    text NOT NULL REFERENCES fairqueue.channel (name) ON UPDATE CASCADE ON DELETE CASCADE,
     fair_key   text NOT NULL,
     vtime      double precision NOT NULL DEFAULT 0,
     served_at  timestamptz NOT NULL DEFAULT '1970-01-01 00:00:00+00',
-    CONSTRAINT channel_key_pkey PRIMARY KEY (channel, fair_key)
+    -- jobs of the key claimed and not yet finished, counted while the channel caps its keys
+    running    integer NOT NULL DEFAULT 0,
+    -- whether the key takes turns: false while it is at its cap, or out of ready jobs but running
+    in_turn    boolean NOT NULL DEFAULT true,
+    CONSTRAINT channel_key_pkey PRIMARY KEY (channel, fair_key),
+    CONSTRAINT channel_key_running_check CHECK (running >= 0)
 ) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
 -- A channel's keys in turn order: least served first, ties to the least recently served.
-CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key);
+CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key) WHERE in_turn;
 
 -- Immutable description of a live job. Inserted once by the producer, deleted when the job ends
 -- (its history then lives in completed_job), never updated. It churns like running_job (a row per

@@ -107,15 +107,20 @@ BEGIN
                OR (NOT c.keyed AND c.name = ANY (v_kchan)))
     ),
     -- a key joins at its channel's current key time (as _join_key_turns does); the channel rows
-    -- created above exist when the foreign key is checked, at the end of the statement
+    -- created above exist when the foreign key is checked, at the end of the statement. A key out of
+    -- turn (kept for its running count, schema/35_fair_keys.sql) rejoins at that time, with no debt or
+    -- credit, unless it is at its cap: the finish that frees one of its slots wakes it again.
     joined AS (
-        INSERT INTO fairqueue.channel_key (channel, fair_key, vtime)
+        INSERT INTO fairqueue.channel_key AS k (channel, fair_key, vtime)
         SELECT u.c, u.k,
-               coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c
+               coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c AND t.in_turn
                          ORDER BY t.channel, t.vtime, t.served_at, t.fair_key LIMIT 1), 0)
         FROM (SELECT DISTINCT x.c, x.k FROM unnest(v_kchan, v_kkey) AS x(c, k) ORDER BY x.c, x.k) AS u
         WHERE u.c IN (SELECT name FROM lockable) OR u.c IN (SELECT name FROM created)
-        ON CONFLICT (channel, fair_key) DO NOTHING
+        ON CONFLICT (channel, fair_key) DO UPDATE SET in_turn = true, vtime = EXCLUDED.vtime
+        WHERE NOT k.in_turn
+          AND k.running < coalesce((SELECT c.key_max_concurrency FROM fairqueue.channel c WHERE c.name = k.channel),
+                                   2147483647)
     ),
     held_keys AS (
         INSERT INTO fairqueue.channel_wakeup (channel, fair_key)

@@ -60,19 +60,29 @@ BEGIN
     END LOOP;
     -- A new statement, so a fresh snapshot: it sees every job committed before we took the locks,
     -- with a fair key or without (the two ready indexes). An idle channel has no key in turn.
+    -- In a channel that caps its keys, ready jobs of a key at its cap do not keep it active: the key
+    -- is out of turn, and the finish that frees its slot leaves a wakeup (schema/35_fair_keys.sql);
+    -- every other key with ready jobs is in turn, or has a wakeup on its way, so the keys in turn tell.
     WITH idled AS (
         UPDATE fairqueue.channel c SET active = false, keyed = false
         WHERE c.ctid = ANY (v_free) AND c.active
           AND (SELECT r.job_id FROM fairqueue.running_job r
                WHERE r.channel = c.name AND r.worker_id IS NULL AND r.fair_key IS NULL
                ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NULL
-          AND (SELECT r.job_id FROM fairqueue.running_job r
-               WHERE r.channel = c.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
-               ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
+          AND CASE WHEN c.key_max_concurrency IS NULL THEN
+                   (SELECT r.job_id FROM fairqueue.running_job r
+                    WHERE r.channel = c.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                    ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
+              ELSE
+                   (SELECT k.fair_key FROM fairqueue.channel_key k
+                    WHERE k.channel = c.name AND k.in_turn AND k.fair_key <> ''
+                    ORDER BY k.channel, k.vtime, k.served_at, k.fair_key LIMIT 1) IS NULL
+              END
         RETURNING c.name
     )
+    -- (the rows of keys with running jobs stay: they count them against the keys' cap)
     DELETE FROM fairqueue.channel_key k
-    WHERE k.channel = ANY (ARRAY(SELECT i.name FROM idled i));
+    WHERE k.channel = ANY (ARRAY(SELECT i.name FROM idled i)) AND k.running = 0;
 END $$;
 
 -- The same for channels given by name, for callers that do not hold the rows' addresses (a row
@@ -147,6 +157,7 @@ DECLARE
     v_tokens   double precision[];
     v_rates    double precision[];
     v_keyed    boolean[];
+    v_kcaps    integer[];
     v_kpos     integer[];
     v_kids     bigint[];
     v_kmore    boolean[];
@@ -207,7 +218,7 @@ BEGIN
         --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
             SELECT c.ctid AS row_id, c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running,
-                   c.rate_per_second, c.keyed,
+                   c.rate_per_second, c.keyed, c.key_max_concurrency,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
                               c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
@@ -250,8 +261,9 @@ BEGIN
                array_agg(r.weight ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name),
-               array_agg(r.keyed ORDER BY r.vtime, r.served_at, r.name)
-        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates, v_keyed
+               array_agg(r.keyed ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.key_max_concurrency ORDER BY r.vtime, r.served_at, r.name)
+        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates, v_keyed, v_kcaps
         FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
         IF v_names IS NULL THEN
@@ -293,6 +305,7 @@ BEGIN
             v_tokens := array_fill(NULL::double precision, ARRAY[cardinality(v_names)]);
             v_rates := v_tokens;
             v_keyed := array_fill(false, ARRAY[cardinality(v_names)]);
+            v_kcaps := array_fill(NULL::integer, ARRAY[cardinality(v_names)]);
         ELSE
             v_shared := false;
         END IF;
@@ -306,7 +319,7 @@ BEGIN
             SELECT * INTO v_take FROM fairqueue._take_keyed(
                 v_names, ARRAY(SELECT CASE WHEN k THEN n ELSE 0 END FROM unnest(v_keyed, v_alloc) WITH ORDINALITY AS u(k, n, i)
                                ORDER BY u.i),
-                v_now);
+                v_kcaps, v_now);
             v_kpos := v_take.pos;
             v_kids := v_take.ids;
             v_kmore := v_take.more;

@@ -12,6 +12,14 @@
 -- waking its keys, the claimer idling it. A key leaves the turns when a claim finds it empty with a
 -- fresh snapshot; a job committed after that snapshot has its wakeup committed with it, and the
 -- intake that reads the wakeup waits its turn for the channel's row, so no key is left out.
+--
+-- A channel may cap each of its keys (channel.key_max_concurrency: each user at most 2 jobs at
+-- once). channel_key.running then counts each key's claimed jobs: the claim adds what it takes
+-- (under the channel's row, like every write of turns), a finish takes back what ends (under the key
+-- row's lock only). A key at its cap leaves the turns, with its ready jobs where they are; the finish
+-- that brings it below its cap leaves a wakeup for it, as a producer would, and the intake puts it
+-- back in turn. So a channel whose keys are all at their cap goes idle like an empty one (no claim
+-- spins on it), and a key's cap holds across every worker.
 
 -- A keyed running_job row that became ready (inserted by a producer, the intake or a finish
 -- follow-up; handed back by release) leaves a wakeup for its key: one per key per transaction
@@ -50,7 +58,7 @@ RETURNS void
 LANGUAGE sql AS $$
     INSERT INTO fairqueue.channel_key (channel, fair_key, vtime)
     SELECT u.c, u.k,
-           coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c
+           coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c AND t.in_turn
                      ORDER BY t.channel, t.vtime, t.served_at, t.fair_key LIMIT 1), 0)
     FROM (SELECT DISTINCT x.c, x.k FROM unnest(p_channels, p_keys) AS x(c, k)
           WHERE x.c IS NOT NULL AND x.k IS NOT NULL ORDER BY x.c, x.k) AS u
@@ -59,12 +67,13 @@ $$;
 
 -- Takes ready jobs of keyed channels whose rows the caller holds: up to p_ns[i] of channel
 -- p_channels[i] (0 or NULL: none), in turns across each channel's keys (and the '' turn of its jobs
--- without a key), each key's jobs by priority, then enqueue order. One statement per round for every
+-- without a key), each key's jobs by priority, then enqueue order; at most p_caps[i] running jobs per
+-- key (NULL: no cap; the '' turn is never capped). One statement per round for every
 -- channel at once, so the cost per claim does not grow with the number of keyed channels it serves.
 -- Returns the ids in each channel's turn order with the position of their channel (pos), and per
 -- channel whether it may have ready jobs left (false only when every key it has ran dry: the caller
 -- then checks the channel with a fresh snapshot before idling it).
-CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_now timestamptz,
+CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_caps integer[], p_now timestamptz,
                                       OUT pos integer[], OUT ids bigint[], OUT more boolean[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -77,6 +86,7 @@ DECLARE
     v_got    integer[];
     v_sc     text[];
     v_sk     text[];
+    v_parked integer;
 BEGIN
     pos := '{}';
     ids := '{}';
@@ -98,27 +108,42 @@ BEGIN
         -- Per channel: the keys with the lowest vtime, each one's next slots (vtime, vtime + 1, ...),
         -- the channel's lowest slots win; then each winning key's head jobs (index range scan, SKIP
         -- LOCKED; jobs taken in an earlier round are still ready, and locked by this transaction),
-        -- and each key is charged what it gave.
+        -- and each key is charged what it gave (and, under a cap per key, counts it as running).
         WITH need AS (
-            SELECT u.i, u.name, u.n FROM unnest(p_channels, v_left) WITH ORDINALITY AS u(name, n, i) WHERE u.n > 0
+            SELECT u.i, u.name, u.n, p_caps[u.i] AS cap
+            FROM unnest(p_channels, v_left) WITH ORDINALITY AS u(name, n, i) WHERE u.n > 0
         ),
         lanes AS MATERIALIZED (
-            SELECT n.i, n.name, n.n AS want, l.fair_key, l.vtime, l.served_at
+            SELECT n.i, n.name, l.fair_key, l.vtime, l.served_at, l.running,
+                   -- how many the key may give: under a cap, only its free slots
+                   CASE WHEN n.cap IS NULL OR l.fair_key = '' THEN n.n ELSE least(n.n, n.cap - l.running) END AS want,
+                   CASE WHEN l.fair_key <> '' THEN n.cap END AS cap
             FROM need n
             CROSS JOIN LATERAL (
-                SELECT k.fair_key, k.vtime, k.served_at
+                SELECT k.fair_key, k.vtime, k.served_at, k.running
                 FROM fairqueue.channel_key k
-                WHERE k.channel = n.name AND n.name || chr(31) || k.fair_key <> ALL (v_skip)
+                WHERE k.channel = n.name AND k.in_turn AND n.name || chr(31) || k.fair_key <> ALL (v_skip)
                 ORDER BY k.channel, k.vtime, k.served_at, k.fair_key
                 LIMIT n.n
             ) AS l
         ),
-        bounds AS (SELECT l.i, max(l.vtime) AS vmax, count(*) AS cnt FROM lanes l GROUP BY l.i),
+        -- a key found at its cap (a cap just lowered, or added) leaves the turns now; a finish puts it
+        -- back (the condition is checked again on the row's latest version, which a finish may have
+        -- changed meanwhile)
+        parked AS (
+            UPDATE fairqueue.channel_key k SET in_turn = false
+            FROM lanes l
+            WHERE l.want <= 0 AND k.channel = l.name AND k.fair_key = l.fair_key AND k.running >= l.cap
+        ),
+        bounds AS (
+            SELECT l.i, max(l.vtime) AS vmax, count(*) AS cnt, (SELECT n.n FROM need n WHERE n.i = l.i) AS want
+            FROM lanes l WHERE l.want > 0 GROUP BY l.i
+        ),
         slots AS (
-            SELECT l.i, l.want, l.fair_key, l.served_at, l.vtime + g.n AS slot
+            SELECT l.i, b.want, l.fair_key, l.served_at, l.vtime + g.n AS slot
             FROM lanes l JOIN bounds b ON b.i = l.i
             CROSS JOIN LATERAL generate_series(0, least(
-                l.want, floor(least(b.vmax - l.vtime, l.want))::integer + ceil(l.want::double precision / b.cnt)::integer + 1
+                l.want, floor(least(b.vmax - l.vtime, b.want))::integer + ceil(b.want::double precision / b.cnt)::integer + 1
             ) - 1) AS g(n)
         ),
         alloc AS (
@@ -130,7 +155,7 @@ BEGIN
             GROUP BY r.i, r.fair_key
         ),
         heads AS MATERIALIZED (
-            SELECT l.i, l.name, l.fair_key, a.n, l.vtime, l.served_at, coalesce(p.took, '{}') AS ids,
+            SELECT l.i, l.name, l.fair_key, a.n, l.vtime, l.served_at, l.cap, coalesce(p.took, '{}') AS ids,
                    -- more behind them? the next entry (one probe): a key that ran dry leaves the turns now,
                    -- not when a later claim wins a turn for it and finds nothing
                    CASE WHEN l.fair_key = '' THEN
@@ -166,7 +191,10 @@ BEGIN
         ),
         charged AS (
             UPDATE fairqueue.channel_key k
-            SET vtime = k.vtime + cardinality(h.ids), served_at = p_now
+            SET vtime = k.vtime + cardinality(h.ids), served_at = p_now,
+                running = CASE WHEN h.cap IS NULL THEN k.running ELSE k.running + cardinality(h.ids) END,
+                -- at its cap: out of the turns until a finish gives a slot back
+                in_turn = CASE WHEN k.running + cardinality(h.ids) >= h.cap THEN false ELSE k.in_turn END
             FROM heads h
             WHERE k.channel = h.name AND k.fair_key = h.fair_key AND cardinality(h.ids) > 0
         ),
@@ -183,8 +211,9 @@ BEGIN
                coalesce((SELECT array_agg(h.name ORDER BY h.i, h.fair_key) FROM heads h
                          WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
                coalesce((SELECT array_agg(h.fair_key ORDER BY h.i, h.fair_key) FROM heads h
-                         WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}')
-        INTO v_tpos, v_tids, v_got, v_sc, v_sk;
+                         WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
+               (SELECT count(*)::integer FROM lanes l WHERE l.want <= 0)
+        INTO v_tpos, v_tids, v_got, v_sc, v_sk, v_parked;
 
         pos := pos || v_tpos;
         ids := ids || v_tids;
@@ -192,10 +221,11 @@ BEGIN
         IF cardinality(v_sc) > 0 THEN
             -- Keys that gave fewer jobs than they won, or had none behind them, leave the turns if a
             -- fresh snapshot (a new statement) finds nothing ready in them but what this claim took.
-            DELETE FROM fairqueue.channel_key k
-            USING unnest(v_sc, v_sk) AS s(channel, fair_key)
-            WHERE k.channel = s.channel AND k.fair_key = s.fair_key
-              AND CASE WHEN k.fair_key = '' THEN
+            -- A key with running jobs counted against its cap keeps its row (out of turn) for the count.
+            WITH dry AS (
+                SELECT k.channel, k.fair_key, k.running FROM fairqueue.channel_key k
+                JOIN unnest(v_sc, v_sk) AS s(channel, fair_key) ON k.channel = s.channel AND k.fair_key = s.fair_key
+                WHERE CASE WHEN k.fair_key = '' THEN
                        (SELECT r.job_id FROM fairqueue.running_job r
                         WHERE r.channel = k.channel AND r.fair_key IS NULL AND r.worker_id IS NULL
                           AND r.job_id <> ALL (ids)
@@ -205,12 +235,69 @@ BEGIN
                         WHERE r.channel = k.channel AND r.fair_key = k.fair_key AND r.worker_id IS NULL
                           AND r.job_id <> ALL (ids)
                         ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
-                   END;
+                   END
+            ),
+            resting AS (
+                UPDATE fairqueue.channel_key k SET in_turn = false
+                FROM dry d WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
+            )
+            DELETE FROM fairqueue.channel_key k
+            USING dry d WHERE d.running = 0 AND k.channel = d.channel AND k.fair_key = d.fair_key;
             v_skip := v_skip || ARRAY(SELECT c || chr(31) || k FROM unnest(v_sc, v_sk) AS s(c, k));
         END IF;
         EXIT WHEN v_round >= 8 OR NOT EXISTS (SELECT 1 FROM unnest(v_left) AS n WHERE n > 0);
         -- no key left with room in any channel still short (every one came up short, or none is in turn)
-        EXIT WHEN cardinality(v_tids) = 0 AND cardinality(v_sc) = 0;
+        EXIT WHEN cardinality(v_tids) = 0 AND cardinality(v_sc) = 0 AND v_parked = 0;
     END LOOP;
     more := ARRAY(SELECT n <= 0 FROM unnest(v_left) AS n);
+END $$;
+
+-- Gives back the slots of keys in channels that cap their keys, for jobs that finished or were handed
+-- back: one element per job, its channel and its fair key (NULL: none). Called by _release_slots
+-- (schema/40_finish.sql), which holds the rows of those channels, in a statement of its own, so it
+-- sees a cap that configure_channel added meanwhile. A key that comes back below its cap leaves a
+-- wakeup for its ready jobs (it left the turns at its cap); a key neither in turn nor running any
+-- more is forgotten.
+CREATE FUNCTION fairqueue._release_key_slots(p_channels text[], p_keys text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_chans text[];
+    v_keys  text[];
+    v_woken boolean;
+BEGIN
+    IF p_keys IS NULL OR (SELECT k FROM unnest(p_keys) AS k WHERE k IS NOT NULL LIMIT 1) IS NULL THEN
+        RETURN;
+    END IF;
+    WITH given AS (
+        SELECT u.c, u.k, count(*)::integer AS n FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.k IS NOT NULL GROUP BY u.c, u.k
+    ),
+    capped AS (
+        SELECT g.c, g.k, g.n, ch.key_max_concurrency AS cap
+        FROM given g JOIN fairqueue.channel ch ON ch.name = g.c AND ch.key_max_concurrency IS NOT NULL
+    ),
+    freed AS (
+        UPDATE fairqueue.channel_key k SET running = greatest(k.running - c.n, 0)
+        FROM capped c
+        WHERE k.channel = c.c AND k.fair_key = c.k
+        RETURNING k.channel, k.fair_key, k.in_turn, k.running, k.running + c.n >= c.cap AND k.running < c.cap AS reopened
+    ),
+    woken AS (
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT f.channel, f.fair_key FROM freed f WHERE f.reopened ORDER BY f.channel, f.fair_key
+    )
+    SELECT array_agg(f.channel) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
+           array_agg(f.fair_key) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
+           coalesce(bool_or(f.reopened), false)
+    INTO v_chans, v_keys, v_woken
+    FROM freed f;
+    IF v_chans IS NOT NULL THEN
+        DELETE FROM fairqueue.channel_key k
+        USING unnest(v_chans, v_keys) AS u(c, k)
+        WHERE k.channel = u.c AND k.fair_key = u.k AND k.running = 0 AND NOT k.in_turn;
+    END IF;
+    IF v_woken THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
 END $$;

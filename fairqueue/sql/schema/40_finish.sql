@@ -3,23 +3,40 @@
 -- that ends for good is deleted from job, which frees its unique key, passes its FIFO key on and
 -- releases (or fails) the jobs that depend on it.
 
--- Gives back the concurrency slots of finished or released jobs (one array element per job).
--- Only capped channels count their running jobs, so only their rows are written (in name order).
+-- Gives back the concurrency slots of finished or released jobs (one array element per job: its
+-- channel, and its fair key or NULL). Only capped channels count their running jobs, and only
+-- channels that cap their keys count each key's, so only their rows are written: the channel rows
+-- first, all in name order, then their keys' (schema/35_fair_keys.sql). Every write of a key's row
+-- holds its channel's row, so a claim, which holds the channel while it counts the key, and a finish
+-- never wait for each other's key rows (they would deadlock: a claim writes keys in turn order).
 -- Runs as a statement of its own after the jobs' running_job rows are gone, so its snapshot sees a
 -- configure_channel that capped the channel meanwhile: that one counted those rows only if it got
 -- to them first, in which case our deletion waited for it to commit (see configure_channel).
-CREATE FUNCTION fairqueue._release_slots(p_released text[])
+CREATE FUNCTION fairqueue._release_slots(p_released text[], p_keys text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_keyed text[];
 BEGIN
     IF p_released IS NULL OR cardinality(p_released) = 0 THEN
         RETURN;
     END IF;
-    -- Usually none of them is capped: channel_capped_idx tells, without reading their rows.
+    -- the channels of the jobs that had a fair key
+    v_keyed := ARRAY(SELECT DISTINCT u.c FROM unnest(p_released, p_keys) AS u(c, k) WHERE u.k IS NOT NULL);
+    -- Usually none of them is capped: channel_capped_idx and channel_key_capped_idx tell, without
+    -- reading their rows.
     IF (SELECT name FROM fairqueue.channel WHERE max_concurrency IS NOT NULL AND name = ANY (p_released)
         LIMIT 1) IS NULL THEN
-        RETURN;
+        IF cardinality(v_keyed) = 0
+           OR (SELECT name FROM fairqueue.channel WHERE key_max_concurrency IS NOT NULL AND name = ANY (v_keyed)
+               LIMIT 1) IS NULL THEN
+            RETURN;
+        END IF;
     END IF;
+    PERFORM 1 FROM fairqueue.channel
+    WHERE name = ANY (p_released)
+      AND (max_concurrency IS NOT NULL OR (key_max_concurrency IS NOT NULL AND name = ANY (v_keyed)))
+    ORDER BY name FOR NO KEY UPDATE;
     UPDATE fairqueue.channel c
     SET running = greatest(c.running - r.n, 0),
         -- leaving saturation: no credit was earned while at the cap
@@ -35,6 +52,9 @@ BEGIN
           JOIN (SELECT name, count(*)::integer AS n FROM unnest(p_released) AS name GROUP BY name) AS g
             USING (name)) AS r
     WHERE c.name = r.name;
+    IF cardinality(v_keyed) > 0 THEN
+        PERFORM fairqueue._release_key_slots(p_released, p_keys);
+    END IF;
 END $$;
 
 -- What must follow jobs ending for good (their job rows already deleted, in this transaction):
@@ -245,6 +265,7 @@ DECLARE
     v_problem   text;
     v_distinct  integer;
     v_released  text[];
+    v_keys      text[];
     v_ok        bigint[];
     v_bad       bigint[];
     v_bad_out   text[];
@@ -278,7 +299,7 @@ BEGIN
     WITH gone AS (
         DELETE FROM fairqueue.running_job r
         WHERE r.job_id = ANY (p_job_ids) AND r.worker_id = p_worker_id
-        RETURNING r.job_id, r.channel, r.attempt, r.ready_at, r.started_at
+        RETURNING r.job_id, r.channel, r.attempt, r.ready_at, r.started_at, r.fair_key AS held_key
     ),
     decided AS (
         SELECT g.*, i.outcome, i.result, i.error, i.retry_in, j.kind, j.args, j.unique_key, j.fifo_key, j.created_at,
@@ -310,7 +331,8 @@ BEGIN
         FROM decided WHERE NOT is_final
         RETURNING job_id, run_at
     )
-    SELECT array_agg(d.channel),
+    SELECT array_agg(d.channel ORDER BY d.job_id),
+           array_agg(d.held_key ORDER BY d.job_id),
            array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome = 'succeeded'),
            array_agg(d.job_id) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
            array_agg(d.outcome) FILTER (WHERE d.is_final AND d.outcome <> 'succeeded'),
@@ -319,13 +341,13 @@ BEGIN
            array_agg(d.outcome ORDER BY d.job_id),
            array_agg(d.is_final ORDER BY d.job_id),
            array_agg(r.run_at ORDER BY d.job_id)
-    INTO v_released, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+    INTO v_released, v_keys, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
     FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
 
     IF v_rows_ids IS NULL THEN
         RETURN;
     END IF;
-    PERFORM fairqueue._release_slots(v_released);
+    PERFORM fairqueue._release_slots(v_released, v_keys);
     -- Only a job that held a FIFO key, or that another job depends on, has a follow-up. The probe
     -- is a statement of its own, after the deletions above: a placement that made a job depend on
     -- one of these held its row, so the deletion waited for it, and this snapshot sees its rows.
@@ -346,18 +368,20 @@ SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_channels text[];
+    v_keys     text[];
 BEGIN
     WITH released AS (
         UPDATE fairqueue.running_job
         SET worker_id = NULL, attempt = attempt - 1, started_at = NULL, ready_at = clock_timestamp()
         WHERE job_id = ANY (p_job_ids) AND worker_id = p_worker_id
-        RETURNING channel
+        RETURNING channel, fair_key
     )
-    SELECT array_agg(channel) INTO v_channels FROM released;
+    SELECT array_agg(channel ORDER BY channel, fair_key), array_agg(fair_key ORDER BY channel, fair_key)
+    INTO v_channels, v_keys FROM released;
     IF v_channels IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM fairqueue._release_slots(v_channels);
+    PERFORM fairqueue._release_slots(v_channels, v_keys);
     PERFORM fairqueue._wake_channels(v_channels);
     RETURN cardinality(v_channels);
 END $$;

@@ -3,8 +3,8 @@
 -- (and the read-merge-write editors of the CLI and the admin built on it).
 
 -- Sets every setting of a channel, creating its row if needed (a new channel starts at the current
--- minimum vtime, so it neither jumps the queue nor waits behind the history of others). Lowering a
--- cap counts the channel's running jobs anew.
+-- minimum vtime, so it neither jumps the queue nor waits behind the history of others). Gaining a
+-- cap counts the channel's running jobs anew; gaining a cap per fair key counts each key's.
 --
 -- It holds the settings lock of the channel name (advisory class 1718681603) until commit. A claim's
 -- shared take reads "no cap, no rate limit" from the last committed row without holding the row, so
@@ -18,12 +18,14 @@ CREATE FUNCTION fairqueue.configure_channel(
     p_rate_per_second  double precision DEFAULT NULL,
     p_rate_burst       double precision DEFAULT 1,
     p_weight           integer DEFAULT 1,
-    p_paused           boolean DEFAULT false)
+    p_paused           boolean DEFAULT false,
+    p_key_max_concurrency integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_vnow     double precision;
     v_old_cap  integer;
+    v_old_kcap integer;
     v_running  integer;
 BEGIN
     IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
@@ -32,13 +34,14 @@ BEGIN
     -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
     -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
     PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
-    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
+    SELECT max_concurrency, key_max_concurrency INTO v_old_cap, v_old_kcap
+    FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
     SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
     INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
-                                        paused, tokens, tokens_at, vtime)
+                                        paused, tokens, tokens_at, vtime, key_max_concurrency)
     VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
             coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
-            coalesce(v_vnow, 0))
+            coalesce(v_vnow, 0), p_key_max_concurrency)
     ON CONFLICT (name) DO UPDATE SET
         weight = EXCLUDED.weight,
         max_concurrency = EXCLUDED.max_concurrency,
@@ -46,6 +49,7 @@ BEGIN
         rate_per_second = EXCLUDED.rate_per_second,
         rate_burst = EXCLUDED.rate_burst,
         paused = EXCLUDED.paused,
+        key_max_concurrency = EXCLUDED.key_max_concurrency,
         tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
                       THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
         tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
@@ -65,6 +69,29 @@ BEGIN
         UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
     ELSIF p_max_concurrency IS NULL THEN
         UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
+
+    -- The same one level down (schema/35_fair_keys.sql): each key's running jobs are counted in its
+    -- channel_key row while the channel caps its keys. A key with running jobs and none ready gets a
+    -- row out of turn, which only holds the count.
+    IF p_key_max_concurrency IS NOT NULL AND v_old_kcap IS NULL THEN
+        INSERT INTO fairqueue.channel_key AS k (channel, fair_key, running, in_turn)
+        SELECT p_name, r.fair_key, count(*)::integer, false
+        FROM (SELECT fair_key FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL AND fair_key IS NOT NULL FOR UPDATE) AS r
+        GROUP BY r.fair_key
+        ORDER BY r.fair_key
+        ON CONFLICT (channel, fair_key) DO UPDATE SET running = EXCLUDED.running;
+    ELSIF p_key_max_concurrency IS NULL AND v_old_kcap IS NOT NULL THEN
+        UPDATE fairqueue.channel_key SET running = 0 WHERE channel = p_name AND running <> 0;
+    END IF;
+    -- Keys out of turn wait for a finish to free a slot under the old cap; under the new one (or none)
+    -- they may have room now: wake them all. The intake puts back those below the cap, and a claim
+    -- lets go of those with nothing ready.
+    IF p_key_max_concurrency IS DISTINCT FROM v_old_kcap THEN
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT k.channel, k.fair_key FROM fairqueue.channel_key k
+        WHERE k.channel = p_name AND NOT k.in_turn ORDER BY k.fair_key;
     END IF;
     PERFORM pg_notify('fairqueue', '');
 END $$;

@@ -40,9 +40,11 @@ from fairqueue.periodic import periodic
 from fairqueue.producer import (
     JobSpec,
     aconfigure_channel,
+    aconfigure_limit,
     aenqueue,
     aenqueue_many,
     configure_channel,
+    configure_limit,
     enqueue,
     enqueue_many,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "abulk_enqueue",
     "acancel",
     "aconfigure_channel",
+    "aconfigure_limit",
     "aenqueue",
     "aenqueue_many",
     "aget_job",
@@ -86,6 +89,7 @@ __all__ = [
     "claim_batch",
     "complete",
     "configure_channel",
+    "configure_limit",
     "deregister_worker",
     "enqueue",
     "enqueue_many",

@@ -164,6 +164,7 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # -100..100, higher first
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)  # W3C traceparent/tracestate
     fair_key: Mapped[str | None] = mapped_column(Text)  # takes turns by it within its channel
+    limits: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # shared limits it counts against, sorted
 
 
 class RunningJob(Base):
@@ -220,6 +221,8 @@ class ScheduledJob(Base):
     channel: Mapped[str] = mapped_column(Text)
     run_at: Mapped[datetime] = mapped_column(TZ)
     attempt: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    # placed already: only its shared limits' slots are left to get (schema/37_shared_limits.sql)
+    placed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class JobDependency(Base):
@@ -278,6 +281,54 @@ class ChannelDebt(Base):
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     channel: Mapped[str] = mapped_column(Text)
     vtime: Mapped[float] = mapped_column(Double)
+
+
+class SharedLimit(Base):
+    """A limit shared by the jobs of every channel that declare it (``Job.limits``): at most
+    ``max_concurrency`` of them ready or running (``held``), at most ``rate_per_second`` made ready per
+    second, across all workers (schema/37_shared_limits.sql)."""
+
+    __tablename__ = "shared_limit"
+    __table_args__ = (
+        Index("shared_limit_due_idx", "due_at", postgresql_where=text("due_at IS NOT NULL")),
+        {"postgresql_with": {"fillfactor": 50}},
+    )
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    rate_limit: Mapped[str | None] = mapped_column(Text)
+    rate_per_second: Mapped[float | None] = mapped_column(Double)
+    rate_burst: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    tokens: Mapped[float] = mapped_column(Double, server_default=text("1"))
+    tokens_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+    held: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    due_at: Mapped[datetime | None] = mapped_column(TZ)  # when an intake should hand out free slots
+    created_at: Mapped[datetime] = mapped_column(TZ, server_default=text("now()"))
+
+
+class LimitWaiting(Base):
+    """A job waiting for a slot of a shared limit, outside the ready queues."""
+
+    __tablename__ = "limit_waiting"
+    __table_args__ = (Index("limit_waiting_turn_idx", "limit_name", "channel", "rank", "job_id"),)
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    limit_name: Mapped[str] = mapped_column(Text)
+    channel: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(SmallInteger)
+
+
+class LimitTurn(Base):
+    """A channel's turn among the channels waiting for a shared limit: the lowest ``vtime`` gets the
+    next free slot, and each slot adds 1."""
+
+    __tablename__ = "limit_turn"
+    __table_args__ = (Index("limit_turn_order_idx", "limit_name", "vtime", "channel"),)
+
+    limit_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    channel: Mapped[str] = mapped_column(Text, primary_key=True)
+    vtime: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
 class Worker(Base):
@@ -373,6 +424,7 @@ class CompletedJob(Base):
     finished_at: Mapped[datetime] = mapped_column(TZ)
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     fair_key: Mapped[str | None] = mapped_column(Text)
+    limits: Mapped[list[str] | None] = mapped_column(ARRAY(Text))  # kept for an operator's retry
 
 
 def include_object(obj: object, name: str | None, type_: str, reflected: bool, compare_to: object) -> bool:

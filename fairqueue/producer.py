@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from fairqueue.validation import (
     check_after,
     check_channel_settings,
     check_key_max_concurrency,
+    check_limits,
     check_max_attempts,
     check_name,
     check_optional_text,
@@ -47,6 +49,7 @@ class JobSpec:
     after: Iterable[int] | None = field(default=None)
     priority: int = 0
     fair_key: str | None = None
+    limits: Iterable[str] | None = None
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times more, per job
@@ -62,6 +65,7 @@ class _Checked:
     after: list[int] | None
     priority: int
     fair_key: str | None
+    limits: list[str] | None = None
 
 
 def _check(
@@ -77,6 +81,7 @@ def _check(
     after: object,
     priority: object = 0,
     fair_key: object = None,
+    limits: object = None,
 ) -> _Checked:
     return _Checked(
         kind=check_name("kind", kind) if type(kind) is str else check_text("kind", kind),
@@ -94,6 +99,7 @@ def _check(
         after=check_after(after),
         priority=0 if priority == 0 and type(priority) is int else check_priority(priority),
         fair_key=None if fair_key is None else check_text("fair_key", fair_key),
+        limits=None if limits is None else check_limits(limits),
     )
 
 
@@ -126,6 +132,7 @@ def enqueue(
     on_duplicate: OnDuplicate = "return",
     priority: int = 0,
     fair_key: str | None = None,
+    limits: Iterable[str] | None = None,
 ) -> int:
     """Adds a job in the transaction of ``db`` and returns its id.
 
@@ -146,6 +153,9 @@ def enqueue(
       many keys it uses. 1 to 255 characters, no control characters (a user or an integration of the
       tenant, say); priority orders the jobs of one key, and the jobs without a key take turns as one
       more key.
+    - ``limits``: names of shared limits (:func:`configure_limit`) the job counts against, e.g.
+      ``["stripe-api"]``: it starts only with a slot of each, and the channels waiting for a limit share
+      its slots in turns. At most 8, each one configured already.
 
     Bad input raises :class:`InvalidJobError` before anything is written.
     """
@@ -165,6 +175,7 @@ def enqueue(
             on_duplicate,
             priority,
             fair_key,
+            limits,
         ),
         "enqueue",
     )
@@ -186,6 +197,7 @@ async def aenqueue(
     on_duplicate: OnDuplicate = "return",
     priority: int = 0,
     fair_key: str | None = None,
+    limits: Iterable[str] | None = None,
 ) -> int:
     """:func:`enqueue` for async code: ``await aenqueue(db, ...)`` with ``db`` a SQLAlchemy
     ``AsyncSession`` or ``AsyncConnection`` (drivers psycopg 3 or asyncpg) or a psycopg 3
@@ -206,6 +218,7 @@ async def aenqueue(
             on_duplicate,
             priority,
             fair_key,
+            limits,
         ),
         "aenqueue",
     )
@@ -225,12 +238,25 @@ def _enqueue(
     on_duplicate: object,
     priority: object,
     fair_key: object = None,
+    limits: object = None,
 ) -> Steps[int]:
     """enqueue's steps (shared by enqueue and aenqueue)."""
     if on_duplicate not in ("return", "raise"):
         raise InvalidJobError(f"on_duplicate must be 'return' or 'raise', got {on_duplicate!r}")
     job = _check(
-        kind, args, channel, run_at, delay, max_attempts, timeout, unique_key, fifo_key, after, priority, fair_key
+        kind,
+        args,
+        channel,
+        run_at,
+        delay,
+        max_attempts,
+        timeout,
+        unique_key,
+        fifo_key,
+        after,
+        priority,
+        fair_key,
+        limits,
     )
     if job.after:
         yield from _dependencies_exist(set(job.after))
@@ -249,6 +275,7 @@ def _enqueue(
             job.priority,
             trace_context(),
             job.fair_key,
+            job.limits,
         ),
     )
     if not created and on_duplicate == "raise":
@@ -299,6 +326,7 @@ def _check_many(jobs: Iterable[JobSpec | Mapping[str, Any]]) -> list[_Checked]:
                     spec.after,
                     spec.priority,
                     spec.fair_key,
+                    spec.limits,
                 )
             )
         except InvalidJobError as exc:
@@ -330,6 +358,7 @@ def _enqueue_many(checked: list[_Checked]) -> Steps[list[tuple[int, bool]]]:
             None if all(j.priority == 0 for j in checked) else [j.priority for j in checked],
             None if (trace := trace_context()) is None else [trace] * len(checked),
             column([j.fair_key for j in checked]),
+            column([None if j.limits is None else json.dumps(j.limits) for j in checked]),
         ),
     )
     return [(int(job_id), bool(created)) for _, job_id, created in rows]
@@ -397,3 +426,56 @@ def _configure_channel(
     elif burst != 1:
         raise InvalidChannelConfigError("burst only applies together with a rate_limit")
     yield Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_, key_cap)
+
+
+def configure_limit(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: float = 1,
+) -> None:
+    """Sets a shared limit (all its settings: omitted ones return to their defaults), creating it.
+
+    A shared limit is a resource that jobs of any channel use (an external API, a GPU pool, a mail
+    relay). Jobs declare it with ``limits=["name"]`` (on :func:`enqueue`, a :class:`JobSpec` or a task).
+
+    - ``max_concurrency``: jobs holding the limit at once across all workers (None: no cap). A job
+      holds it from the moment it is ready to run until it ends, so a ready job waiting for a worker
+      counts too.
+    - ``rate_limit``: jobs let through per period across all workers, e.g. ``"100/s"``, ``"600/m"``;
+      ``burst``: how many back to back after a quiet spell (default 1: evenly spaced).
+
+    While a limit has no slot to give, the jobs waiting for it wait outside the ready queues (their
+    channels' other jobs keep running), and the channels waiting for it get its slots in turns. Runs in
+    the caller's transaction and holds the limit's row until it ends: keep it short.
+    """
+    run(db, _configure_limit(name, max_concurrency, rate_limit, burst), "configure_limit")
+
+
+async def aconfigure_limit(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | None = None,
+    rate_limit: str | None = None,
+    burst: float = 1,
+) -> None:
+    """:func:`configure_limit` for async code (``db`` as for :func:`aenqueue`)."""
+    await arun(db, _configure_limit(name, max_concurrency, rate_limit, burst), "aconfigure_limit")
+
+
+def _configure_limit(name: object, max_concurrency: object, rate_limit: object, burst: object) -> Steps[None]:
+    # the channel settings' checks, with the limit's name in the messages
+    try:
+        limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst)
+    except InvalidChannelConfigError as exc:
+        raise InvalidChannelConfigError(str(exc).replace("channel name", "limit name")) from None
+    rate_text: str | None = None
+    per_second: float | None = None
+    if rate_limit is not None:
+        rate_text, per_second = parse_rate_limit(rate_limit)
+    elif burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    yield Q.configure_limit, (limit, cap, rate_text, per_second, burst_)

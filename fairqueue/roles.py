@@ -47,7 +47,7 @@ _WORKER = (
     "register_periodic",
     "fire_periodic",
 )
-_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel", "pause_periodic")
+_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel", "configure_limit", "pause_periodic")
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {"producer": _PRODUCER, "worker": _WORKER, "admin": _ADMIN}
 READABLE_TABLES = (
@@ -62,6 +62,9 @@ READABLE_TABLES = (
     "channel_key",
     "channel_wakeup",
     "channel_debt",
+    "shared_limit",
+    "limit_waiting",
+    "limit_turn",
     "worker",
     "completed_job",
     "periodic_schedule",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar,
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
 from fairqueue.producer import JobSpec, OnDuplicate, aenqueue, enqueue
-from fairqueue.validation import check_max_attempts, check_priority, check_seconds, check_text
+from fairqueue.validation import check_limits, check_max_attempts, check_priority, check_seconds, check_text
 
 if TYPE_CHECKING:
     import psycopg
@@ -179,6 +179,7 @@ class _Options:
     on_duplicate: OnDuplicate = "return"
     priority: int | None = None
     fair_key: str | None = None
+    limits: Iterable[str] | None = None
 
 
 class Task[**P, R]:
@@ -195,6 +196,7 @@ class Task[**P, R]:
         backoff: Backoff,
         pass_context: bool,
         priority: int = 0,
+        limits: list[str] | None = None,
     ) -> None:
         self.fn = fn
         self.name = name
@@ -204,6 +206,7 @@ class Task[**P, R]:
         self.backoff = backoff
         self.pass_context = pass_context
         self.priority = priority
+        self.limits = limits  # shared limits of its jobs (None: none)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
@@ -284,9 +287,11 @@ class Task[**P, R]:
         on_duplicate: OnDuplicate = "return",
         priority: int | None = None,
         fair_key: str | None = None,
+        limits: Iterable[str] | None = None,
     ) -> BoundTask[P, R]:
         """This task with job options for the next enqueue (see :func:`fairqueue.enqueue`); ``fair_key``
-        takes turns with the channel's other keys, as for :func:`fairqueue.enqueue`."""
+        takes turns with the channel's other keys, and ``limits`` replaces the task's shared limits, as
+        for :func:`fairqueue.enqueue`."""
         return BoundTask(
             self,
             _Options(
@@ -301,6 +306,7 @@ class Task[**P, R]:
                 on_duplicate,
                 priority,
                 fair_key,
+                limits,
             ),
         )
 
@@ -347,6 +353,7 @@ class BoundTask[**P, R]:
             "on_duplicate": o.on_duplicate,
             "priority": t.priority if o.priority is None else o.priority,
             "fair_key": o.fair_key,
+            "limits": t.limits if o.limits is None else o.limits,
         }
 
     def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
@@ -364,6 +371,7 @@ class BoundTask[**P, R]:
             after=o.after,
             priority=t.priority if o.priority is None else o.priority,
             fair_key=o.fair_key,
+            limits=t.limits if o.limits is None else o.limits,
         )
 
 
@@ -445,6 +453,7 @@ def task(
     retry_jitter: bool = True,
     pass_context: Literal[False] = False,
     priority: int = 0,
+    limits: Iterable[str] | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -460,6 +469,7 @@ def task(
     retry_jitter: bool = True,
     pass_context: Literal[True],
     priority: int = 0,
+    limits: Iterable[str] | None = None,
 ) -> Callable[[Callable[Concatenate[JobContext, P], R]], Task[P, R]]: ...
 
 
@@ -476,6 +486,7 @@ def task[**P, R](
     retry_jitter: bool = True,
     pass_context: bool = False,
     priority: int = 0,
+    limits: Iterable[str] | None = None,
 ) -> Task[P, R] | Callable[[Callable[..., R]], Task[P, R]]:
     """Registers a function (sync or ``async def``) as a task.
 
@@ -487,6 +498,8 @@ def task[**P, R](
     - ``pass_context``: the handler's first parameter receives a :class:`JobContext`.
     - ``priority``: default priority of its jobs (-100 to 100, default 0; ``using(priority=...)``
       overrides it): within their channel, higher runs first. It never takes another channel's turn.
+    - ``limits``: shared limits its jobs count against (:func:`fairqueue.configure_limit`), e.g.
+      ``["stripe-api"]``; ``using(limits=...)`` replaces them for one enqueue.
     """
     try:
         channel_ = check_text("channel", channel, max_len=200)
@@ -495,6 +508,7 @@ def task[**P, R](
         base = check_seconds("retry_backoff", retry_backoff)
         cap = check_seconds("retry_backoff_max", retry_backoff_max)
         priority_ = check_priority(priority)
+        limits_ = None if limits is None else check_limits(limits)
     except InvalidJobError as exc:
         raise ConfigurationError(f"@fairqueue.task: {exc}") from None
     if cap < base:
@@ -520,6 +534,7 @@ def task[**P, R](
             backoff=backoff,
             pass_context=pass_context,
             priority=priority_,
+            limits=limits_,
         )
         registry.add(t)
         return t

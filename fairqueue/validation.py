@@ -286,6 +286,21 @@ def check_channel_settings(
     return channel, max_concurrency, weight, paused, float(burst)  # type: ignore[return-value]
 
 
+#: How many shared limits one job may declare.
+MAX_LIMITS_PER_JOB = 8
+
+
+def check_limits(value: object) -> list[str] | None:
+    """A job's shared limits: a list (or other iterable, not a string) of limit names, each once, in
+    name order (the order their slots are taken in); None or empty: none."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise InvalidJobError(f'limits must be a list of shared limit names, e.g. ["stripe-api"], got {value!r}')
+    names = sorted({check_text("limit name", name, max_len=MAX_CHANNEL) for name in value})
+    if len(names) > MAX_LIMITS_PER_JOB:
+        raise InvalidJobError(f"a job can use at most {MAX_LIMITS_PER_JOB} shared limits, got {len(names)}")
+    return names or None
+
+
 def check_key_max_concurrency(value: object) -> int | None:
     """A channel's cap per fair key: None (no cap) or a whole number from 1 to MAX_CONCURRENCY."""
     if value is not None and (not _is_int(value) or not 1 <= value <= MAX_CONCURRENCY):  # type: ignore[operator]

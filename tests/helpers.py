@@ -23,7 +23,8 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
         """
         SELECT j.id,
                (r.job_id IS NOT NULL)::int + (s.job_id IS NOT NULL)::int + (f.job_id IS NOT NULL)::int
-               + (EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id))::int AS places
+               + (EXISTS (SELECT 1 FROM fairqueue.job_dependency d WHERE d.job_id = j.id))::int
+               + (EXISTS (SELECT 1 FROM fairqueue.limit_waiting w WHERE w.job_id = j.id))::int AS places
         FROM fairqueue.job j
         LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
         LEFT JOIN fairqueue.scheduled_job s ON s.job_id = j.id
@@ -41,6 +42,8 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
         UNION ALL SELECT 'fifo_waiting', job_id FROM fairqueue.fifo_waiting
             WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
         UNION ALL SELECT 'job_dependency', job_id FROM fairqueue.job_dependency
+            WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
+        UNION ALL SELECT 'limit_waiting', job_id FROM fairqueue.limit_waiting
             WHERE job_id NOT IN (SELECT id FROM fairqueue.job)
         """
     ).fetchall()
@@ -102,6 +105,30 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
         """
     ).fetchall()
     assert not miscounted, f"fair keys whose running count is wrong (channel, key, counted, running): {miscounted}"
+
+    # a shared limit's slots are held exactly by its jobs that are ready or running
+    limits = conn.execute(
+        """
+        SELECT l.name, l.held, count(r.job_id)
+        FROM fairqueue.shared_limit l
+        LEFT JOIN fairqueue.job j ON l.name = ANY (j.limits)
+        LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
+        GROUP BY l.name, l.held HAVING l.held <> count(r.job_id)
+        """
+    ).fetchall()
+    assert not limits, f"shared limits whose slots are miscounted (name, held, holding): {limits}"
+    # a job waiting for a limit is in its channel's turn there, and the limit will be looked at when it
+    # has a slot to give (due_at), unless it is full (a finish will make it due)
+    forgotten = conn.execute(
+        """
+        SELECT w.job_id, w.limit_name FROM fairqueue.limit_waiting w
+        JOIN fairqueue.shared_limit l ON l.name = w.limit_name
+        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.limit_turn t
+                          WHERE t.limit_name = w.limit_name AND t.channel = w.channel)
+           OR (l.due_at IS NULL AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency))
+        """
+    ).fetchall()
+    assert not forgotten, f"jobs waiting for a shared limit that no intake will hand a slot: {forgotten}"
 
 
 def drain(conn: psycopg.Connection[Any], worker_id: int, *, batch: int = 100) -> list[fairqueue.ClaimedJob]:

@@ -84,7 +84,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0010", "priorities", "priority within a channel; a job's trace context"),
     Revision("fq0011", "channel_active", "held snapshots: producers read channel_active, claims scan from a floor"),
     Revision("fq0012", "fair_keys", "fair keys: turns within a channel's turn"),
-    Revision("fq0013", "key_caps", "a cap per fair key"),
+    Revision("fq0013", "limits", "a cap per fair key; shared limits"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

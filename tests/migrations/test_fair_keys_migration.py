@@ -34,7 +34,7 @@ def test_the_upgrade_keeps_ready_jobs_and_grants_and_the_downgrade_keeps_keyed_j
                 conn.execute("SELECT job_id FROM fairqueue.enqueue('k', '{}'::jsonb, %s)", (c,)).fetchone()[0]  # type: ignore[index]
                 for c in ("a", "a", "b")
             ]
-            migrations.upgrade(empty_database_url)
+            migrations.upgrade(empty_database_url, "fq0012")
             for name, signature in NEW_SIGNATURES.items():
                 function = f"fairqueue.{name}({signature})"
                 row = conn.execute(
@@ -44,6 +44,7 @@ def test_the_upgrade_keeps_ready_jobs_and_grants_and_the_downgrade_keeps_keyed_j
                 assert row == (True, False), name
             readable = conn.execute("SELECT has_table_privilege(%s, 'fairqueue.channel_key', 'SELECT')", (role,))
             assert readable.fetchone() == (True,)
+            migrations.upgrade(empty_database_url)  # this release's Python speaks to the newest functions
             worker = fairqueue.register_worker(conn)
             keyed = fairqueue.enqueue(conn, "k", channel="a", fair_key="user-1")
             claimed = [j.id for j in fairqueue.claim_batch(conn, worker, 10)]

@@ -1,23 +1,57 @@
--- fairqueue schema, back from revision fq0013 to fq0012: no cap per fair key. The caps
--- (channel.key_max_concurrency) and the keys' running counts are dropped; keys that were out of turn
--- at their cap get a wakeup first, so their ready jobs are taken again (a key out of turn with
--- nothing ready is in turn again after this, and leaves at the next claim that finds it empty).
+-- fairqueue schema, back from revision fq0013 to fq0012: no cap per fair key and no shared limits.
+-- The caps (channel.key_max_concurrency), the keys' running counts and the shared limits are dropped.
+-- Keys that were out of turn at their cap get a wakeup first, so their ready jobs are taken again (a
+-- key out of turn with nothing ready is in turn again after this, and leaves at the next claim that
+-- finds it empty); jobs waiting for a shared limit, or placed and about to ask for their limits'
+-- slots, become ready at once, as jobs without limits.
 
 CREATE TEMPORARY TABLE fairqueue_v13_grants ON COMMIT DROP AS
 SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname = 'configure_channel'
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'configure_channel')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
 INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
 SELECT k.channel, k.fair_key FROM fairqueue.channel_key k WHERE NOT k.in_turn ORDER BY k.channel, k.fair_key;
+-- (moved, not lost: each job waiting for its limits becomes ready, with its channel woken)
+WITH waited AS (
+    DELETE FROM fairqueue.limit_waiting w RETURNING w.job_id, w.channel, w.attempt
+),
+placed AS (
+    DELETE FROM fairqueue.scheduled_job s WHERE s.placed RETURNING s.job_id, s.channel, s.attempt
+),
+ready AS (
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    SELECT x.job_id, x.channel, x.attempt, clock_timestamp(), -j.priority, j.fair_key
+    FROM (SELECT * FROM waited UNION ALL SELECT * FROM placed) AS x
+    JOIN fairqueue.job j ON j.id = x.job_id
+    ORDER BY x.job_id
+    RETURNING channel
+)
+INSERT INTO fairqueue.channel_wakeup (channel) SELECT DISTINCT r.channel FROM ready r ORDER BY r.channel;
+DROP FUNCTION fairqueue.enqueue(text, jsonb, text, timestamptz, integer, double precision, text, text, bigint[], smallint, jsonb, text, text[]);
+DROP FUNCTION fairqueue.enqueue_many(text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb[], text[], jsonb[]);
 DROP FUNCTION fairqueue.configure_channel(text, integer, text, double precision, double precision, integer, boolean, integer);
 DROP FUNCTION fairqueue._take_keyed(text[], integer[], integer[], timestamptz);
-DROP FUNCTION fairqueue._release_key_slots(text[], text[]);
 DROP FUNCTION fairqueue._release_slots(text[], text[]);
+DROP FUNCTION fairqueue._release_key_slots(text[], text[]);
+DROP FUNCTION fairqueue._check_limits(text[], integer);
+DROP FUNCTION fairqueue.configure_limit(text, integer, text, double precision, double precision);
+DROP FUNCTION fairqueue._gate(bigint, text, integer, timestamptz, smallint, text, text[]);
+DROP FUNCTION fairqueue._open_limits(timestamptz);
+DROP FUNCTION fairqueue._release_limits(text[], timestamptz);
+DROP FUNCTION fairqueue._wait_for_limit(bigint, text, text, integer, smallint, timestamptz);
+DROP FUNCTION fairqueue._limit_tokens(fairqueue.shared_limit, timestamptz);
 
+DROP TABLE fairqueue.limit_turn;
+DROP TABLE fairqueue.limit_waiting;
+DROP TABLE fairqueue.shared_limit;
+ALTER TABLE fairqueue.completed_job DROP COLUMN limits;
+ALTER TABLE fairqueue.scheduled_job DROP COLUMN placed;
+ALTER TABLE fairqueue.job DROP CONSTRAINT job_limits_check;
+ALTER TABLE fairqueue.job DROP COLUMN limits;
 DROP INDEX fairqueue.channel_key_turn_idx;
 CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key);
 ALTER TABLE fairqueue.channel_key DROP CONSTRAINT channel_key_running_check;
@@ -26,6 +60,301 @@ ALTER TABLE fairqueue.channel_key DROP COLUMN running;
 DROP INDEX fairqueue.channel_key_capped_idx;
 ALTER TABLE fairqueue.channel DROP CONSTRAINT channel_key_max_concurrency_check;
 ALTER TABLE fairqueue.channel DROP COLUMN key_max_concurrency;
+
+CREATE FUNCTION fairqueue.enqueue(
+    p_kind             text,
+    p_args             jsonb DEFAULT '{}'::jsonb,
+    p_channel          text DEFAULT 'default',
+    p_run_at           timestamptz DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_timeout_seconds  double precision DEFAULT NULL,
+    p_unique_key       text DEFAULT NULL,
+    p_fifo_key         text DEFAULT NULL,
+    p_depends_on       bigint[] DEFAULT NULL,
+    p_priority         smallint DEFAULT 0,
+    p_trace_context    jsonb DEFAULT NULL,
+    p_fair_key         text DEFAULT NULL,
+    OUT job_id         bigint,
+    OUT created        boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: kind must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_channel IS NULL OR length(p_channel) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'fairqueue: channel must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
+        RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'fairqueue: priority must be from -100 to 100, got %', p_priority
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(p_fair_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
+            ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key]);
+    END IF;
+    IF cardinality(p_depends_on) = 0 THEN
+        p_depends_on := NULL;
+    END IF;
+
+    IF p_unique_key IS NULL THEN
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
+                                   run_at, created_at, priority, trace_context, fair_key)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
+                p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
+        RETURNING id INTO job_id;
+    ELSE
+        -- Only producers of the same unique key wait on each other here: that is what the key asks for.
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
+                p_depends_on, p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id INTO job_id;
+        IF job_id IS NULL THEN
+            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.channel = p_channel AND j.unique_key = p_unique_key;
+            IF job_id IS NULL THEN
+                RAISE EXCEPTION 'fairqueue: the job holding unique key % ended concurrently; retry', p_unique_key
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+            created := false;
+            RETURN;
+        END IF;
+    END IF;
+    created := true;
+    IF p_depends_on IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_depends_on) AS d WHERE d >= job_id) THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for job %: a job can only depend on jobs enqueued before it',
+            job_id, (SELECT max(d) FROM unnest(p_depends_on) AS d)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
+        IF p_run_at IS NULL OR p_run_at <= v_now THEN
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    ELSE
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        VALUES (job_id, p_channel, 0, v_now, -p_priority, p_fair_key);
+        PERFORM fairqueue._wake_channel(p_channel);
+    END IF;
+END $$;
+
+CREATE FUNCTION fairqueue.enqueue_many(
+    p_kinds            text[],
+    p_args             jsonb[] DEFAULT NULL,
+    p_channels         text[] DEFAULT NULL,
+    p_run_ats          timestamptz[] DEFAULT NULL,
+    p_max_attempts     integer[] DEFAULT NULL,
+    p_timeouts         double precision[] DEFAULT NULL,
+    p_unique_keys      text[] DEFAULT NULL,
+    p_fifo_keys        text[] DEFAULT NULL,
+    p_depends_on       jsonb[] DEFAULT NULL,
+    p_priorities       smallint[] DEFAULT NULL,
+    p_trace_contexts   jsonb[] DEFAULT NULL,
+    p_fair_keys        text[] DEFAULT NULL)
+RETURNS TABLE (ord bigint, job_id bigint, created boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_kinds), 0);
+    v_new      bigint[];
+    v_pos      bigint[];
+    v_channels text[];
+    v_channel  text;
+    v_sched    integer;
+    v_early    bigint;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_args), v_n) <> v_n OR coalesce(cardinality(p_channels), v_n) <> v_n
+       OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
+       OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
+       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n
+       OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n
+       OR coalesce(cardinality(p_fair_keys), v_n) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_fair_keys) AS k WHERE length(k) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                 array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                 array_to_string(p_fair_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
+            ARRAY[array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                  array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                  array_to_string(p_fair_keys, ' ')]);
+    END IF;
+
+    WITH input AS (
+        SELECT u.ord AS pos,
+               nextval('fairqueue.job_id_seq'::regclass) AS id,
+               u.kind,
+               coalesce(u.channel, 'default') AS channel,
+               coalesce(u.args, '{}'::jsonb) AS args,
+               u.run_at,
+               coalesce(u.max_attempts, 3) AS max_attempts,
+               u.timeout_seconds,
+               u.unique_key,
+               u.fifo_key,
+               CASE WHEN jsonb_array_length(u.depends_on) > 0
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on,
+               coalesce(u.priority, 0) AS priority,
+               u.trace_context,
+               u.fair_key
+        FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
+                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts, p_fair_keys)
+             WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
+                                  fifo_key, depends_on, priority, trace_context, fair_key, ord)
+    ),
+    inserted AS (
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
+        OVERRIDING SYSTEM VALUE
+        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now,
+               priority, trace_context, fair_key
+        FROM input
+        ORDER BY pos
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ),
+    placed AS (
+        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)) AS staged
+        FROM input i JOIN inserted USING (id)
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT id, channel, 0, v_now, -priority, fair_key FROM placed WHERE NOT staged ORDER BY id
+        RETURNING channel
+    ),
+    staged AS (
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged
+        RETURNING run_at
+    )
+    SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
+           (SELECT array_agg(pos ORDER BY pos) FROM placed),
+           (SELECT array_agg(DISTINCT channel) FROM ready),
+           (SELECT count(*) FROM staged WHERE run_at <= v_now),
+           (SELECT min(p.id) FROM placed p WHERE EXISTS (SELECT 1 FROM unnest(p.depends_on) AS d WHERE d >= p.id))
+    INTO v_new, v_pos, v_channels, v_sched, v_early;
+    IF v_early IS NOT NULL THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for a job enqueued after it (or for itself): '
+                        'a job can only depend on jobs enqueued before it', v_early
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF v_channels IS NOT NULL THEN
+        IF cardinality(v_channels) <= 64 AND current_setting('transaction_isolation') = 'read committed' THEN
+            -- few channels: the same check as a single enqueue, so busy channels need no wakeup row
+            FOREACH v_channel IN ARRAY v_channels LOOP
+                PERFORM fairqueue._wake_channel(v_channel);
+            END LOOP;
+        ELSE
+            -- one wakeup per channel, not per job
+            INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    END IF;
+    IF v_sched > 0 THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+
+    RETURN QUERY
+        SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
+        FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
+        LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
+        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job
+                           WHERE n.id IS NULL AND channel = coalesce(p_channels[u.ord::integer], 'default')
+                             AND unique_key = u.unique_key LIMIT 1) AS j
+            ON true
+        WHERE p_unique_keys IS NOT NULL
+        UNION ALL
+        SELECT n.pos, n.id, true
+        FROM unnest(v_pos, v_new) AS n(pos, id)
+        WHERE p_unique_keys IS NULL;
+END $$;
+
+CREATE FUNCTION fairqueue.configure_channel(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1,
+    p_weight           integer DEFAULT 1,
+    p_paused           boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_vnow     double precision;
+    v_old_cap  integer;
+    v_running  integer;
+BEGIN
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
+    END IF;
+    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
+    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
+    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
+    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
+    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
+                                        paused, tokens, tokens_at, vtime)
+    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
+            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
+            coalesce(v_vnow, 0))
+    ON CONFLICT (name) DO UPDATE SET
+        weight = EXCLUDED.weight,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        paused = EXCLUDED.paused,
+        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE c.tokens_at END,
+        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
+                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                               THEN NULL ELSE c.throttled_until END,
+        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+
+    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
+    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
+    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
+    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
+        SELECT count(*) INTO v_running
+        FROM (SELECT 1 FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
+        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
+    ELSIF p_max_concurrency IS NULL THEN
+        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
+    PERFORM pg_notify('fairqueue', '');
+END $$;
 
 CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_now timestamptz,
                                       OUT pos integer[], OUT ids bigint[], OUT more boolean[])
@@ -178,64 +507,6 @@ BEGIN
     more := ARRAY(SELECT n <= 0 FROM unnest(v_left) AS n);
 END $$;
 
-CREATE FUNCTION fairqueue.configure_channel(
-    p_name             text,
-    p_max_concurrency  integer DEFAULT NULL,
-    p_rate_limit       text DEFAULT NULL,
-    p_rate_per_second  double precision DEFAULT NULL,
-    p_rate_burst       double precision DEFAULT 1,
-    p_weight           integer DEFAULT 1,
-    p_paused           boolean DEFAULT false)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_vnow     double precision;
-    v_old_cap  integer;
-    v_running  integer;
-BEGIN
-    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
-        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
-    END IF;
-    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
-    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
-    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
-    SELECT max_concurrency INTO v_old_cap FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
-    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
-    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
-                                        paused, tokens, tokens_at, vtime)
-    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
-            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
-            coalesce(v_vnow, 0))
-    ON CONFLICT (name) DO UPDATE SET
-        weight = EXCLUDED.weight,
-        max_concurrency = EXCLUDED.max_concurrency,
-        rate_limit = EXCLUDED.rate_limit,
-        rate_per_second = EXCLUDED.rate_per_second,
-        rate_burst = EXCLUDED.rate_burst,
-        paused = EXCLUDED.paused,
-        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
-        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                         THEN clock_timestamp() ELSE c.tokens_at END,
-        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
-                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                               THEN NULL ELSE c.throttled_until END,
-        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
-
-    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
-    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
-    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
-    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
-        SELECT count(*) INTO v_running
-        FROM (SELECT 1 FROM fairqueue.running_job
-              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
-        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
-    ELSIF p_max_concurrency IS NULL THEN
-        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
-    END IF;
-    PERFORM pg_notify('fairqueue', '');
-END $$;
-
 CREATE FUNCTION fairqueue._release_slots(p_released text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -264,6 +535,7 @@ BEGIN
             USING (name)) AS r
     WHERE c.name = r.name;
 END $$;
+
 
 CREATE OR REPLACE FUNCTION fairqueue._join_key_turns(p_channels text[], p_keys text[])
 RETURNS void
@@ -395,6 +667,44 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz, p_priority smallint, p_fair_key text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (p_channel, p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE channel = p_channel AND fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key, channel) VALUES (p_job_id, p_fifo_key, p_channel);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.promote_due_jobs()
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._idle_channels(p_names text[], p_rows tid[])
@@ -716,6 +1026,64 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION fairqueue.next_due()
+RETURNS double precision
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        -- a channel that can run something now: claim again soon (its jobs may be in flight)
+        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
+              ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        ELSE extract(epoch FROM least(
+            (SELECT min(run_at) FROM fairqueue.scheduled_job),
+            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL))
+            - clock_timestamp())
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION fairqueue._end_jobs(
+    p_job_ids     bigint[],
+    p_attempts    integer[],
+    p_outcomes    text[],
+    p_results     jsonb[],
+    p_errors      text[],
+    p_worker_ids  bigint[],
+    p_ready_ats   timestamptz[],
+    p_started_ats timestamptz[],
+    p_now         timestamptz,
+    OUT ok        bigint[],
+    OUT bad       bigint[],
+    OUT bad_outcomes text[],
+    OUT fifo_ids  bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH deleted AS (
+        DELETE FROM fairqueue.job j WHERE j.id = ANY (p_job_ids)
+        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority, j.fair_key
+    ),
+    gone AS (
+        SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+        FROM deleted d
+        JOIN unnest(p_job_ids, p_attempts, p_outcomes, p_results, p_errors, p_worker_ids, p_ready_ats,
+                    p_started_ats)
+             AS f(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at) ON f.job_id = d.id
+    ),
+    hist AS (
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
+                                             worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
+                                             finished_at, priority, fair_key)
+        SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
+               created_at, ready_at, started_at, p_now, priority, fair_key
+        FROM gone
+        RETURNING job_id, outcome, fifo_key
+    )
+    SELECT array_agg(h.job_id) FILTER (WHERE h.outcome = 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.outcome) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.fifo_key IS NOT NULL)
+    INTO ok, bad, bad_outcomes, fifo_ids
+    FROM hist AS h;
+END $$;
+
 CREATE OR REPLACE FUNCTION fairqueue.finish(
     p_worker_id  bigint,
     p_job_ids    bigint[],
@@ -848,7 +1216,119 @@ BEGIN
     RETURN cardinality(v_channels);
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.configure_channel, fairqueue._take_keyed, fairqueue._release_slots FROM PUBLIC;
+CREATE OR REPLACE FUNCTION fairqueue.cancel(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_running  fairqueue.running_job%ROWTYPE;
+    v_attempt  integer;
+    v_ready    timestamptz;
+    v_found    boolean;
+BEGIN
+    FOR i IN 1 .. 10 LOOP
+        v_attempt := NULL;
+        v_ready := NULL;
+        -- Same lock order as finish (running_job, then job), so the two never deadlock.
+        SELECT * INTO v_running FROM fairqueue.running_job WHERE job_id = p_job_id FOR UPDATE;
+        v_found := FOUND;
+        PERFORM 1 FROM fairqueue.job WHERE id = p_job_id FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM fairqueue.completed_job WHERE job_id = p_job_id AND final) THEN
+                RETURN 'finished';
+            END IF;
+            RETURN 'not_found';
+        END IF;
+        IF v_found THEN
+            IF v_running.worker_id IS NOT NULL THEN
+                UPDATE fairqueue.running_job SET cancel_requested = true WHERE job_id = p_job_id;
+                PERFORM pg_notify('fairqueue_cancel', p_job_id::text);
+                RETURN 'cancel_requested';
+            END IF;
+            DELETE FROM fairqueue.running_job WHERE job_id = p_job_id;
+            v_attempt := v_running.attempt;
+            v_ready := v_running.ready_at;
+        ELSE
+            DELETE FROM fairqueue.scheduled_job WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
+            IF NOT FOUND THEN
+                DELETE FROM fairqueue.fifo_waiting WHERE job_id = p_job_id;
+                IF FOUND THEN
+                    v_attempt := 0;
+                ELSE
+                    DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
+                    IF FOUND THEN
+                        v_attempt := 0;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+        IF v_attempt IS NOT NULL THEN
+            PERFORM fairqueue._wake_channels(fairqueue._finalize(
+                ARRAY[p_job_id], ARRAY[v_attempt], ARRAY['cancelled'], ARRAY[NULL::jsonb], ARRAY['cancelled'],
+                ARRAY[NULL::bigint], ARRAY[v_ready], ARRAY[NULL::timestamptz], v_now));
+            RETURN 'cancelled';
+        END IF;
+        -- The job moved between stages while we looked (a claimer was placing it): look again.
+    END LOOP;
+    RAISE EXCEPTION 'fairqueue: job % kept moving while being cancelled; retry', p_job_id
+        USING ERRCODE = 'serialization_failure';
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.retry(p_job_id bigint, p_attempts integer DEFAULT 1)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now         timestamptz := clock_timestamp();
+    v_last        fairqueue.completed_job%ROWTYPE;
+    v_constraint  text;
+BEGIN
+    IF p_attempts IS NULL OR p_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'fairqueue: attempts must be from 1 to 1000, got %', p_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM fairqueue.job WHERE id = p_job_id) THEN
+        UPDATE fairqueue.scheduled_job SET run_at = v_now
+        WHERE job_id = p_job_id AND attempt > 0 AND run_at > v_now;
+        IF FOUND THEN
+            PERFORM pg_notify('fairqueue', '');
+            RETURN 'rescheduled';
+        END IF;
+        RETURN 'queued';
+    END IF;
+    SELECT * INTO v_last FROM fairqueue.completed_job
+    WHERE job_id = p_job_id AND final ORDER BY finished_at DESC, attempt DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    ELSIF v_last.outcome = 'succeeded' THEN
+        RETURN 'succeeded';
+    ELSIF v_last.attempt >= 1000 THEN
+        RETURN 'exhausted';
+    END IF;
+    BEGIN
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, unique_key, fifo_key, created_at, priority,
+                                   fair_key)
+        OVERRIDING SYSTEM VALUE
+        VALUES (p_job_id, v_last.kind, v_last.channel, coalesce(v_last.args, '{}'::jsonb),
+                least(1000, v_last.attempt + p_attempts), v_last.unique_key, v_last.fifo_key, v_last.enqueued_at,
+                v_last.priority, v_last.fair_key);
+    EXCEPTION WHEN unique_violation THEN
+        GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
+        -- job_pkey: a concurrent retry of the same job won; anything else is the unique key
+        RETURN CASE WHEN v_constraint = 'job_pkey' THEN 'queued' ELSE 'duplicate' END;
+    END;
+    -- attempt > 0: the intake makes it ready directly (no FIFO or dependency placement again)
+    INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+    VALUES (p_job_id, v_last.channel, v_now, v_last.attempt);
+    PERFORM pg_notify('fairqueue', '');
+    RETURN 'retried';
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.configure_channel, fairqueue._take_keyed,
+    fairqueue._release_slots FROM PUBLIC;
 DO $$
 DECLARE
     v_grant record;

@@ -1,21 +1,31 @@
--- fairqueue schema, revision fq0013: a cap per fair key.
+-- fairqueue schema, revision fq0013: limits at every level, a cap per fair key and shared limits.
 --
--- A channel may cap each of its fair keys (channel.key_max_concurrency: each user of a tenant at
--- most N jobs at once, across every worker). channel_key counts each key's running jobs (running)
--- and says whether the key takes turns (in_turn): a key at its cap leaves the turns until a finish
--- frees one of its slots (schema/35_fair_keys.sql). channel_key_turn_idx keeps only the keys in turn.
+-- A channel may cap each of its fair keys (channel.key_max_concurrency: each user of a tenant at most
+-- N jobs at once, across every worker). channel_key counts each key's running jobs (running) and says
+-- whether the key takes turns (in_turn): a key at its cap leaves the turns until a finish frees one of
+-- its slots (schema/35_fair_keys.sql). channel_key_turn_idx keeps only the keys in turn.
 --
--- configure_channel gains a last parameter (the cap per key), and _take_keyed one (the caps), so they
--- are dropped and created again; the roles that could execute configure_channel keep that right.
+-- A shared limit (shared_limit, configure_limit) caps the jobs of every channel that declare it
+-- (job.limits, kept in completed_job for an operator's retry): a job holds a slot of each of its
+-- limits from ready to end, and waits for them in limit_waiting, the waiting channels in turn
+-- (limit_turn; schema/37_shared_limits.sql). scheduled_job.placed marks jobs whose only step left
+-- is their limits.
+--
+-- enqueue, enqueue_many and configure_channel gain a last parameter, so they are dropped and created
+-- again; the roles that could execute them keep that right, the roles that could execute
+-- configure_channel may execute configure_limit, and the roles that can read channel can read the
+-- new tables.
 
 CREATE TEMPORARY TABLE fairqueue_v13_grants ON COMMIT DROP AS
 SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname = 'configure_channel'
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue', 'enqueue_many', 'configure_channel')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
+DROP FUNCTION fairqueue.enqueue(text, jsonb, text, timestamptz, integer, double precision, text, text, bigint[], smallint, jsonb, text);
+DROP FUNCTION fairqueue.enqueue_many(text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb[], text[]);
 DROP FUNCTION fairqueue.configure_channel(text, integer, text, double precision, double precision, integer, boolean);
 DROP FUNCTION fairqueue._take_keyed(text[], integer[], timestamptz);
 DROP FUNCTION fairqueue._release_slots(text[]);
@@ -29,6 +39,727 @@ ALTER TABLE fairqueue.channel_key ADD COLUMN in_turn boolean NOT NULL DEFAULT tr
 ALTER TABLE fairqueue.channel_key ADD CONSTRAINT channel_key_running_check CHECK (running >= 0);
 DROP INDEX fairqueue.channel_key_turn_idx;
 CREATE INDEX channel_key_turn_idx ON fairqueue.channel_key (channel, vtime, served_at, fair_key) WHERE in_turn;
+ALTER TABLE fairqueue.job ADD COLUMN limits text[];
+ALTER TABLE fairqueue.job ADD CONSTRAINT job_limits_check CHECK (limits IS NULL OR cardinality(limits) BETWEEN 1 AND 8);
+ALTER TABLE fairqueue.scheduled_job ADD COLUMN placed boolean NOT NULL DEFAULT false;
+ALTER TABLE fairqueue.completed_job ADD COLUMN limits text[];
+
+CREATE TABLE fairqueue.shared_limit (
+    name             text PRIMARY KEY,
+    max_concurrency  integer,
+    rate_limit       text,
+    rate_per_second  double precision,
+    rate_burst       double precision NOT NULL DEFAULT 1,
+    tokens           double precision NOT NULL DEFAULT 1,
+    tokens_at        timestamptz NOT NULL DEFAULT now(),
+    -- jobs holding a slot: ready or running
+    held             integer NOT NULL DEFAULT 0,
+    -- when the next claim's intake should hand free slots to waiting jobs (NULL: nothing to hand out)
+    due_at           timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT shared_limit_name_check CHECK (length(name) BETWEEN 1 AND 200),
+    CONSTRAINT shared_limit_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
+    CONSTRAINT shared_limit_rate_check CHECK (
+        (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
+    CONSTRAINT shared_limit_burst_check CHECK (rate_burst >= 1),
+    CONSTRAINT shared_limit_held_check CHECK (held >= 0)
+) WITH (fillfactor = 50);
+CREATE INDEX shared_limit_due_idx ON fairqueue.shared_limit (due_at) WHERE due_at IS NOT NULL;
+
+CREATE TABLE fairqueue.limit_waiting (
+    job_id      bigint PRIMARY KEY,
+    limit_name  text NOT NULL,
+    channel     text NOT NULL,
+    attempt     integer NOT NULL,
+    rank        smallint NOT NULL
+);
+CREATE INDEX limit_waiting_turn_idx ON fairqueue.limit_waiting (limit_name, channel, rank, job_id);
+
+CREATE TABLE fairqueue.limit_turn (
+    limit_name  text NOT NULL,
+    channel     text NOT NULL,
+    vtime       double precision NOT NULL DEFAULT 0,
+    CONSTRAINT limit_turn_pkey PRIMARY KEY (limit_name, channel)
+);
+CREATE INDEX limit_turn_order_idx ON fairqueue.limit_turn (limit_name, vtime, channel);
+
+-- Roles that can read channel (fairqueue grant) can read the limits; those that can configure a
+-- channel can configure a limit.
+DO $grants$
+DECLARE
+    v_role text;
+BEGIN
+    FOR v_role IN
+        SELECT DISTINCT a.grantee::regrole::text
+        FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+        WHERE c.oid = 'fairqueue.channel'::regclass AND a.privilege_type = 'SELECT'
+          AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT SELECT ON fairqueue.shared_limit, fairqueue.limit_waiting, fairqueue.limit_turn TO %s',
+                       v_role);
+    END LOOP;
+END $grants$;
+
+CREATE FUNCTION fairqueue._check_limits(p_names text[], p_most integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF p_most > 8 THEN
+        RAISE EXCEPTION 'fairqueue: a job can use at most 8 shared limits, got %', p_most
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(p_names, NULL) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM unnest(p_names) AS n WHERE length(n) NOT BETWEEN 1 AND 200) THEN
+        RAISE EXCEPTION 'fairqueue: a shared limit name must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT n INTO v_bad FROM unnest(p_names) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM fairqueue.shared_limit s WHERE s.name = n) ORDER BY n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'fairqueue: shared limit % is not configured (see fairqueue.configure_limit)',
+            quote_literal(v_bad) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
+CREATE FUNCTION fairqueue._release_key_slots(p_channels text[], p_keys text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_chans text[];
+    v_keys  text[];
+    v_woken boolean;
+BEGIN
+    IF p_keys IS NULL OR (SELECT k FROM unnest(p_keys) AS k WHERE k IS NOT NULL LIMIT 1) IS NULL THEN
+        RETURN;
+    END IF;
+    WITH given AS (
+        SELECT u.c, u.k, count(*)::integer AS n FROM unnest(p_channels, p_keys) AS u(c, k)
+        WHERE u.k IS NOT NULL GROUP BY u.c, u.k
+    ),
+    capped AS (
+        SELECT g.c, g.k, g.n, ch.key_max_concurrency AS cap
+        FROM given g JOIN fairqueue.channel ch ON ch.name = g.c AND ch.key_max_concurrency IS NOT NULL
+    ),
+    freed AS (
+        UPDATE fairqueue.channel_key k SET running = greatest(k.running - c.n, 0)
+        FROM capped c
+        WHERE k.channel = c.c AND k.fair_key = c.k
+        RETURNING k.channel, k.fair_key, k.in_turn, k.running, k.running + c.n >= c.cap AND k.running < c.cap AS reopened
+    ),
+    woken AS (
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT f.channel, f.fair_key FROM freed f WHERE f.reopened ORDER BY f.channel, f.fair_key
+    )
+    SELECT array_agg(f.channel) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
+           array_agg(f.fair_key) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
+           coalesce(bool_or(f.reopened), false)
+    INTO v_chans, v_keys, v_woken
+    FROM freed f;
+    IF v_chans IS NOT NULL THEN
+        DELETE FROM fairqueue.channel_key k
+        USING unnest(v_chans, v_keys) AS u(c, k)
+        WHERE k.channel = u.c AND k.fair_key = u.k AND k.running = 0 AND NOT k.in_turn;
+    END IF;
+    IF v_woken THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+END $$;
+
+CREATE FUNCTION fairqueue.configure_limit(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_name IS NULL OR length(p_name) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'fairqueue: a limit name must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[p_name]);
+    END IF;
+    INSERT INTO fairqueue.shared_limit AS l (name, max_concurrency, rate_limit, rate_per_second, rate_burst, tokens,
+                                             tokens_at)
+    VALUES (p_name, p_max_concurrency, p_rate_limit, p_rate_per_second, coalesce(p_rate_burst, 1),
+            coalesce(p_rate_burst, 1), clock_timestamp())
+    ON CONFLICT (name) DO UPDATE SET
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        tokens = CASE WHEN l.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(l.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN l.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE l.tokens_at END,
+        due_at = clock_timestamp();
+    PERFORM pg_notify('fairqueue', '');
+END $$;
+
+CREATE FUNCTION fairqueue._limit_tokens(p_limit fairqueue.shared_limit, p_now timestamptz)
+RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_limit.rate_per_second IS NOT NULL THEN
+        least(p_limit.rate_burst,
+              p_limit.tokens + greatest(extract(epoch FROM p_now - p_limit.tokens_at), 0) * p_limit.rate_per_second)
+    END
+$$;
+
+CREATE FUNCTION fairqueue._wait_for_limit(p_job_id bigint, p_limit text, p_channel text, p_attempt integer,
+                                          p_rank smallint, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fairqueue.limit_waiting (job_id, limit_name, channel, attempt, rank)
+    VALUES (p_job_id, p_limit, p_channel, p_attempt, p_rank)
+    ON CONFLICT (job_id) DO UPDATE SET limit_name = EXCLUDED.limit_name;
+    INSERT INTO fairqueue.limit_turn (limit_name, channel, vtime)
+    VALUES (p_limit, p_channel,
+            coalesce((SELECT t.vtime FROM fairqueue.limit_turn t WHERE t.limit_name = p_limit
+                      ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1), 0))
+    ON CONFLICT (limit_name, channel) DO NOTHING;
+    UPDATE fairqueue.shared_limit l
+    SET due_at = least(coalesce(l.due_at, 'infinity'),
+                       CASE WHEN fairqueue._limit_tokens(l, p_now) < 1
+                            THEN p_now + make_interval(secs => (1 - fairqueue._limit_tokens(l, p_now)) / l.rate_per_second)
+                            ELSE p_now END)
+    WHERE l.name = p_limit
+      AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency OR fairqueue._limit_tokens(l, p_now) < 1);
+END $$;
+
+CREATE FUNCTION fairqueue._gate(p_job_id bigint, p_channel text, p_attempt integer, p_now timestamptz,
+                                p_priority smallint, p_fair_key text, p_limits text[])
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_block text;
+BEGIN
+    IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (p_limits)
+                              ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
+       < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (p_limits)) THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now + interval '20 milliseconds', p_attempt, true);
+        RETURN NULL;
+    END IF;
+    SELECT l.name INTO v_block
+    FROM fairqueue.shared_limit l
+    WHERE l.name = ANY (p_limits)
+      AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
+           OR fairqueue._limit_tokens(l, p_now) < 1
+           OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
+    ORDER BY l.name
+    LIMIT 1;
+    IF v_block IS NOT NULL THEN
+        PERFORM fairqueue._wait_for_limit(p_job_id, v_block, p_channel, p_attempt, -p_priority, p_now);
+        RETURN NULL;
+    END IF;
+    UPDATE fairqueue.shared_limit l
+    SET held = l.held + 1,
+        tokens = coalesce(fairqueue._limit_tokens(l, p_now) - 1, l.tokens),
+        tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+    WHERE l.name = ANY (p_limits);
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, p_attempt, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
+END $$;
+
+CREATE FUNCTION fairqueue._open_limits(p_now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ready   bigint[] := '{}';
+    v_name    text;
+    v_lim     fairqueue.shared_limit%ROWTYPE;
+    v_tokens  double precision;
+    v_channel text;
+    v_wait    fairqueue.limit_waiting%ROWTYPE;
+    v_job     record;
+    v_others  text[];
+    v_other   text;
+    v_stop    text;
+    v_given   integer := 0;
+BEGIN
+    FOR v_name IN
+        SELECT name FROM fairqueue.shared_limit WHERE due_at <= p_now ORDER BY due_at LIMIT 100
+    LOOP
+        SELECT * INTO v_lim FROM fairqueue.shared_limit
+        WHERE name = v_name AND due_at <= p_now FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        v_tokens := fairqueue._limit_tokens(v_lim, p_now);
+        v_stop := NULL;
+        LOOP
+            IF v_given >= 1000 THEN
+                v_stop := 'more';  -- the next intake goes on
+                EXIT;
+            END IF;
+            IF v_lim.max_concurrency IS NOT NULL AND v_lim.held >= v_lim.max_concurrency THEN
+                v_stop := 'full';  -- the finish that frees a slot makes it due again
+                EXIT;
+            END IF;
+            IF v_tokens < 1 THEN
+                v_stop := 'rate';
+                EXIT;
+            END IF;
+            SELECT t.channel INTO v_channel FROM fairqueue.limit_turn t
+            WHERE t.limit_name = v_name ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1;
+            IF NOT FOUND THEN
+                v_stop := 'empty';
+                EXIT;
+            END IF;
+            SELECT * INTO v_wait FROM fairqueue.limit_waiting w
+            WHERE w.limit_name = v_name AND w.channel = v_channel
+            ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                -- the channel has no job left in this line (or only one being cancelled right now)
+                DELETE FROM fairqueue.limit_turn t
+                WHERE t.limit_name = v_name AND t.channel = v_channel
+                  AND NOT EXISTS (SELECT 1 FROM fairqueue.limit_waiting w
+                                  WHERE w.limit_name = v_name AND w.channel = v_channel);
+                IF NOT FOUND THEN
+                    v_stop := 'busy';
+                    EXIT;
+                END IF;
+                CONTINUE;
+            END IF;
+            SELECT j.priority, j.fair_key, j.limits INTO v_job FROM fairqueue.job j WHERE j.id = v_wait.job_id;
+            v_others := array_remove(v_job.limits, v_name);
+            IF cardinality(v_others) > 0 THEN
+                IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (v_others)
+                                          ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
+                   < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (v_others)) THEN
+                    v_stop := 'busy';
+                    EXIT;
+                END IF;
+                SELECT l.name INTO v_other FROM fairqueue.shared_limit l
+                WHERE l.name = ANY (v_others)
+                  AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
+                       OR fairqueue._limit_tokens(l, p_now) < 1)
+                ORDER BY l.name LIMIT 1;
+                IF FOUND THEN
+                    -- it goes on waiting, for that one
+                    PERFORM fairqueue._wait_for_limit(v_wait.job_id, v_other, v_wait.channel, v_wait.attempt,
+                                                      v_wait.rank, p_now);
+                    UPDATE fairqueue.limit_turn SET vtime = vtime + 1
+                    WHERE limit_name = v_name AND channel = v_wait.channel;
+                    CONTINUE;
+                END IF;
+                UPDATE fairqueue.shared_limit l
+                SET held = l.held + 1,
+                    tokens = coalesce(fairqueue._limit_tokens(l, p_now) - 1, l.tokens),
+                    tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+                WHERE l.name = ANY (v_others);
+            END IF;
+            v_lim.held := v_lim.held + 1;
+            v_tokens := v_tokens - 1;
+            v_given := v_given + 1;
+            DELETE FROM fairqueue.limit_waiting WHERE job_id = v_wait.job_id;
+            UPDATE fairqueue.limit_turn SET vtime = vtime + 1 WHERE limit_name = v_name AND channel = v_wait.channel;
+            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+            VALUES (v_wait.job_id, v_wait.channel, v_wait.attempt, p_now, v_wait.rank, v_job.fair_key);
+            v_ready := v_ready || v_wait.job_id;
+        END LOOP;
+        UPDATE fairqueue.shared_limit l
+        SET held = v_lim.held,
+            tokens = coalesce(v_tokens, l.tokens),
+            tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END,
+            due_at = CASE v_stop
+                WHEN 'rate' THEN p_now + make_interval(secs => (1 - v_tokens) / l.rate_per_second)
+                WHEN 'busy' THEN p_now + interval '20 milliseconds'
+                WHEN 'more' THEN p_now
+                END
+        WHERE l.name = v_name;
+    END LOOP;
+    RETURN v_ready;
+END $$;
+
+CREATE FUNCTION fairqueue._release_limits(p_names text[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_names IS NULL OR cardinality(p_names) = 0 THEN
+        RETURN;
+    END IF;
+    UPDATE fairqueue.shared_limit l
+    SET held = greatest(l.held - g.n, 0)
+    FROM (SELECT s.name, count(*)::integer AS n
+          FROM (SELECT name FROM fairqueue.shared_limit WHERE name = ANY (p_names) ORDER BY name
+                FOR NO KEY UPDATE) AS s
+          JOIN unnest(p_names) AS u(name) ON u.name = s.name
+          GROUP BY s.name) AS g
+    WHERE l.name = g.name;
+    -- A new statement: it sees a job put in a line by an intake that held the row before us.
+    UPDATE fairqueue.shared_limit l SET due_at = least(coalesce(l.due_at, p_now), p_now)
+    WHERE l.name = ANY (p_names)
+      AND EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name);
+    IF FOUND THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+END $$;
+
+CREATE FUNCTION fairqueue.enqueue(
+    p_kind             text,
+    p_args             jsonb DEFAULT '{}'::jsonb,
+    p_channel          text DEFAULT 'default',
+    p_run_at           timestamptz DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_timeout_seconds  double precision DEFAULT NULL,
+    p_unique_key       text DEFAULT NULL,
+    p_fifo_key         text DEFAULT NULL,
+    p_depends_on       bigint[] DEFAULT NULL,
+    p_priority         smallint DEFAULT 0,
+    p_trace_context    jsonb DEFAULT NULL,
+    p_fair_key         text DEFAULT NULL,
+    p_limits           text[] DEFAULT NULL,
+    OUT job_id         bigint,
+    OUT created        boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF p_kind IS NULL OR length(p_kind) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: kind must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_channel IS NULL OR length(p_channel) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'fairqueue: channel must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_args IS NULL OR jsonb_typeof(p_args) <> 'object' THEN
+        RAISE EXCEPTION 'fairqueue: args must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN
+        RAISE EXCEPTION 'fairqueue: priority must be from -100 to 100, got %', p_priority
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(p_fair_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
+            ARRAY[p_kind, p_channel, p_unique_key, p_fifo_key, p_fair_key]);
+    END IF;
+    IF cardinality(p_depends_on) = 0 THEN
+        p_depends_on := NULL;
+    END IF;
+    IF p_limits IS NOT NULL THEN
+        -- each limit once, in name order (the order slots are taken in)
+        p_limits := nullif(ARRAY(SELECT DISTINCT n FROM unnest(p_limits) AS n ORDER BY n), '{}');
+        IF array_to_string(p_limits, ' ') ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+            PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[array_to_string(p_limits, ' ')]);
+        END IF;
+        PERFORM fairqueue._check_limits(p_limits, cardinality(p_limits));
+    END IF;
+
+    IF p_unique_key IS NULL THEN
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
+                                   run_at, created_at, priority, trace_context, fair_key, limits)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
+                p_run_at, v_now, p_priority, p_trace_context, p_fair_key, p_limits)
+        RETURNING id INTO job_id;
+    ELSE
+        -- Only producers of the same unique key wait on each other here: that is what the key asks for.
+        INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key, limits)
+        VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
+                p_depends_on, p_run_at, v_now, p_priority, p_trace_context, p_fair_key, p_limits)
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id INTO job_id;
+        IF job_id IS NULL THEN
+            SELECT j.id INTO job_id FROM fairqueue.job j WHERE j.channel = p_channel AND j.unique_key = p_unique_key;
+            IF job_id IS NULL THEN
+                RAISE EXCEPTION 'fairqueue: the job holding unique key % ended concurrently; retry', p_unique_key
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+            created := false;
+            RETURN;
+        END IF;
+    END IF;
+    created := true;
+    IF p_depends_on IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_depends_on) AS d WHERE d >= job_id) THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for job %: a job can only depend on jobs enqueued before it',
+            job_id, (SELECT max(d) FROM unnest(p_depends_on) AS d)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- (a job with shared limits gets their slots from a worker's intake, which can wait its turn for them)
+    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now OR p_limits IS NOT NULL THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
+        IF p_run_at IS NULL OR p_run_at <= v_now THEN
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    ELSE
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        VALUES (job_id, p_channel, 0, v_now, -p_priority, p_fair_key);
+        PERFORM fairqueue._wake_channel(p_channel);
+    END IF;
+END $$;
+
+CREATE FUNCTION fairqueue.enqueue_many(
+    p_kinds            text[],
+    p_args             jsonb[] DEFAULT NULL,
+    p_channels         text[] DEFAULT NULL,
+    p_run_ats          timestamptz[] DEFAULT NULL,
+    p_max_attempts     integer[] DEFAULT NULL,
+    p_timeouts         double precision[] DEFAULT NULL,
+    p_unique_keys      text[] DEFAULT NULL,
+    p_fifo_keys        text[] DEFAULT NULL,
+    p_depends_on       jsonb[] DEFAULT NULL,
+    p_priorities       smallint[] DEFAULT NULL,
+    p_trace_contexts   jsonb[] DEFAULT NULL,
+    p_fair_keys        text[] DEFAULT NULL,
+    p_limits           jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord bigint, job_id bigint, created boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_n        integer := coalesce(cardinality(p_kinds), 0);
+    v_new      bigint[];
+    v_pos      bigint[];
+    v_channels text[];
+    v_channel  text;
+    v_sched    integer;
+    v_early    bigint;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF coalesce(cardinality(p_args), v_n) <> v_n OR coalesce(cardinality(p_channels), v_n) <> v_n
+       OR coalesce(cardinality(p_run_ats), v_n) <> v_n OR coalesce(cardinality(p_max_attempts), v_n) <> v_n
+       OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
+       OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n
+       OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n
+       OR coalesce(cardinality(p_fair_keys), v_n) <> v_n OR coalesce(cardinality(p_limits), v_n) <> v_n THEN
+        RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_fair_keys) AS k WHERE length(k) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'fairqueue: fair_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF concat_ws(' ', array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                 array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                 array_to_string(p_fair_keys, ' ')) ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(
+            ARRAY['kind', 'channel', 'unique_key', 'fifo_key', 'fair_key'],
+            ARRAY[array_to_string(p_kinds, ' '), array_to_string(p_channels, ' '),
+                  array_to_string(p_unique_keys, ' '), array_to_string(p_fifo_keys, ' '),
+                  array_to_string(p_fair_keys, ' ')]);
+    END IF;
+
+    IF p_limits IS NOT NULL THEN
+        -- each job's limits: a JSON array of names (or null)
+        IF EXISTS (SELECT 1 FROM unnest(p_limits) AS l(v)
+                   WHERE l.v IS NOT NULL AND l.v <> 'null'::jsonb
+                     AND (jsonb_typeof(l.v) <> 'array'
+                          OR EXISTS (SELECT 1 FROM jsonb_array_elements(l.v) AS e(x) WHERE jsonb_typeof(e.x) <> 'string')))
+        THEN
+            RAISE EXCEPTION 'fairqueue: each job''s limits must be a list of shared limit names'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM fairqueue._check_limits(
+            ARRAY(SELECT DISTINCT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                  WHERE jsonb_typeof(l.v) = 'array'),
+            (SELECT max((SELECT count(DISTINCT x) FROM jsonb_array_elements_text(l.v) AS e(x)))::integer
+             FROM unnest(p_limits) AS l(v) WHERE jsonb_typeof(l.v) = 'array'));
+        IF array_to_string(ARRAY(SELECT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                                 WHERE jsonb_typeof(l.v) = 'array'), ' ') ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+            PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[array_to_string(
+                ARRAY(SELECT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                      WHERE jsonb_typeof(l.v) = 'array'), ' ')]);
+        END IF;
+    END IF;
+
+    WITH input AS (
+        SELECT u.ord AS pos,
+               nextval('fairqueue.job_id_seq'::regclass) AS id,
+               u.kind,
+               coalesce(u.channel, 'default') AS channel,
+               coalesce(u.args, '{}'::jsonb) AS args,
+               u.run_at,
+               coalesce(u.max_attempts, 3) AS max_attempts,
+               u.timeout_seconds,
+               u.unique_key,
+               u.fifo_key,
+               CASE WHEN jsonb_array_length(u.depends_on) > 0
+                    THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on,
+               coalesce(u.priority, 0) AS priority,
+               u.trace_context,
+               u.fair_key,
+               CASE WHEN jsonb_typeof(u.limits) = 'array' AND jsonb_array_length(u.limits) > 0
+                    THEN ARRAY(SELECT DISTINCT x FROM jsonb_array_elements_text(u.limits) AS e(x) ORDER BY x) END
+                   AS limits
+        FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
+                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts, p_fair_keys, p_limits)
+             WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
+                                  fifo_key, depends_on, priority, trace_context, fair_key, limits, ord)
+    ),
+    inserted AS (
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key, limits)
+        OVERRIDING SYSTEM VALUE
+        SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now,
+               priority, trace_context, fair_key, limits
+        FROM input
+        ORDER BY pos
+        ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
+        RETURNING id
+    ),
+    placed AS (
+        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)
+                     OR i.limits IS NOT NULL) AS staged
+        FROM input i JOIN inserted USING (id)
+    ),
+    ready AS (
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT id, channel, 0, v_now, -priority, fair_key FROM placed WHERE NOT staged ORDER BY id
+        RETURNING channel
+    ),
+    staged AS (
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged
+        RETURNING run_at
+    )
+    SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
+           (SELECT array_agg(pos ORDER BY pos) FROM placed),
+           (SELECT array_agg(DISTINCT channel) FROM ready),
+           (SELECT count(*) FROM staged WHERE run_at <= v_now),
+           (SELECT min(p.id) FROM placed p WHERE EXISTS (SELECT 1 FROM unnest(p.depends_on) AS d WHERE d >= p.id))
+    INTO v_new, v_pos, v_channels, v_sched, v_early;
+    IF v_early IS NOT NULL THEN
+        RAISE EXCEPTION 'fairqueue: job % cannot wait for a job enqueued after it (or for itself): '
+                        'a job can only depend on jobs enqueued before it', v_early
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF v_channels IS NOT NULL THEN
+        IF cardinality(v_channels) <= 64 AND current_setting('transaction_isolation') = 'read committed' THEN
+            -- few channels: the same check as a single enqueue, so busy channels need no wakeup row
+            FOREACH v_channel IN ARRAY v_channels LOOP
+                PERFORM fairqueue._wake_channel(v_channel);
+            END LOOP;
+        ELSE
+            -- one wakeup per channel, not per job
+            INSERT INTO fairqueue.channel_wakeup (channel) SELECT unnest(v_channels);
+            PERFORM pg_notify('fairqueue', '');
+        END IF;
+    END IF;
+    IF v_sched > 0 THEN
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+
+    RETURN QUERY
+        SELECT u.ord, coalesce(n.id, j.id), n.id IS NOT NULL
+        FROM unnest(p_unique_keys) WITH ORDINALITY AS u(unique_key, ord)
+        LEFT JOIN unnest(v_pos, v_new) AS n(pos, id) ON n.pos = u.ord
+        LEFT JOIN LATERAL (SELECT id FROM fairqueue.job
+                           WHERE n.id IS NULL AND channel = coalesce(p_channels[u.ord::integer], 'default')
+                             AND unique_key = u.unique_key LIMIT 1) AS j
+            ON true
+        WHERE p_unique_keys IS NOT NULL
+        UNION ALL
+        SELECT n.pos, n.id, true
+        FROM unnest(v_pos, v_new) AS n(pos, id)
+        WHERE p_unique_keys IS NULL;
+END $$;
+
+CREATE FUNCTION fairqueue.configure_channel(
+    p_name             text,
+    p_max_concurrency  integer DEFAULT NULL,
+    p_rate_limit       text DEFAULT NULL,
+    p_rate_per_second  double precision DEFAULT NULL,
+    p_rate_burst       double precision DEFAULT 1,
+    p_weight           integer DEFAULT 1,
+    p_paused           boolean DEFAULT false,
+    p_key_max_concurrency integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_vnow     double precision;
+    v_old_cap  integer;
+    v_old_kcap integer;
+    v_running  integer;
+BEGIN
+    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
+    END IF;
+    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
+    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
+    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
+    SELECT max_concurrency, key_max_concurrency INTO v_old_cap, v_old_kcap
+    FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
+    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
+    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
+                                        paused, tokens, tokens_at, vtime, key_max_concurrency)
+    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
+            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
+            coalesce(v_vnow, 0), p_key_max_concurrency)
+    ON CONFLICT (name) DO UPDATE SET
+        weight = EXCLUDED.weight,
+        max_concurrency = EXCLUDED.max_concurrency,
+        rate_limit = EXCLUDED.rate_limit,
+        rate_per_second = EXCLUDED.rate_per_second,
+        rate_burst = EXCLUDED.rate_burst,
+        paused = EXCLUDED.paused,
+        key_max_concurrency = EXCLUDED.key_max_concurrency,
+        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
+        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                         THEN clock_timestamp() ELSE c.tokens_at END,
+        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
+                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
+                               THEN NULL ELSE c.throttled_until END,
+        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
+
+    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
+    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
+    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
+    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
+        SELECT count(*) INTO v_running
+        FROM (SELECT 1 FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
+        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
+    ELSIF p_max_concurrency IS NULL THEN
+        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
+    END IF;
+
+    -- The same one level down (schema/35_fair_keys.sql): each key's running jobs are counted in its
+    -- channel_key row while the channel caps its keys. A key with running jobs and none ready gets a
+    -- row out of turn, which only holds the count.
+    IF p_key_max_concurrency IS NOT NULL AND v_old_kcap IS NULL THEN
+        INSERT INTO fairqueue.channel_key AS k (channel, fair_key, running, in_turn)
+        SELECT p_name, r.fair_key, count(*)::integer, false
+        FROM (SELECT fair_key FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NOT NULL AND fair_key IS NOT NULL FOR UPDATE) AS r
+        GROUP BY r.fair_key
+        ORDER BY r.fair_key
+        ON CONFLICT (channel, fair_key) DO UPDATE SET running = EXCLUDED.running;
+    ELSIF p_key_max_concurrency IS NULL AND v_old_kcap IS NOT NULL THEN
+        UPDATE fairqueue.channel_key SET running = 0 WHERE channel = p_name AND running <> 0;
+    END IF;
+    -- Keys out of turn wait for a finish to free a slot under the old cap; under the new one (or none)
+    -- they may have room now: wake them all. The intake puts back those below the cap, and a claim
+    -- lets go of those with nothing ready.
+    IF p_key_max_concurrency IS DISTINCT FROM v_old_kcap THEN
+        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
+        SELECT k.channel, k.fair_key FROM fairqueue.channel_key k
+        WHERE k.channel = p_name AND NOT k.in_turn ORDER BY k.fair_key;
+    END IF;
+    PERFORM pg_notify('fairqueue', '');
+END $$;
 
 CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_caps integer[], p_now timestamptz,
                                       OUT pos integer[], OUT ids bigint[], OUT more boolean[])
@@ -209,50 +940,6 @@ BEGIN
     more := ARRAY(SELECT n <= 0 FROM unnest(v_left) AS n);
 END $$;
 
-CREATE FUNCTION fairqueue._release_key_slots(p_channels text[], p_keys text[])
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_chans text[];
-    v_keys  text[];
-    v_woken boolean;
-BEGIN
-    IF p_keys IS NULL OR (SELECT k FROM unnest(p_keys) AS k WHERE k IS NOT NULL LIMIT 1) IS NULL THEN
-        RETURN;
-    END IF;
-    WITH given AS (
-        SELECT u.c, u.k, count(*)::integer AS n FROM unnest(p_channels, p_keys) AS u(c, k)
-        WHERE u.k IS NOT NULL GROUP BY u.c, u.k
-    ),
-    capped AS (
-        SELECT g.c, g.k, g.n, ch.key_max_concurrency AS cap
-        FROM given g JOIN fairqueue.channel ch ON ch.name = g.c AND ch.key_max_concurrency IS NOT NULL
-    ),
-    freed AS (
-        UPDATE fairqueue.channel_key k SET running = greatest(k.running - c.n, 0)
-        FROM capped c
-        WHERE k.channel = c.c AND k.fair_key = c.k
-        RETURNING k.channel, k.fair_key, k.in_turn, k.running, k.running + c.n >= c.cap AND k.running < c.cap AS reopened
-    ),
-    woken AS (
-        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
-        SELECT f.channel, f.fair_key FROM freed f WHERE f.reopened ORDER BY f.channel, f.fair_key
-    )
-    SELECT array_agg(f.channel) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
-           array_agg(f.fair_key) FILTER (WHERE f.running = 0 AND NOT f.in_turn),
-           coalesce(bool_or(f.reopened), false)
-    INTO v_chans, v_keys, v_woken
-    FROM freed f;
-    IF v_chans IS NOT NULL THEN
-        DELETE FROM fairqueue.channel_key k
-        USING unnest(v_chans, v_keys) AS u(c, k)
-        WHERE k.channel = u.c AND k.fair_key = u.k AND k.running = 0 AND NOT k.in_turn;
-    END IF;
-    IF v_woken THEN
-        PERFORM pg_notify('fairqueue', '');
-    END IF;
-END $$;
-
 CREATE FUNCTION fairqueue._release_slots(p_released text[], p_keys text[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -298,90 +985,6 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION fairqueue.configure_channel(
-    p_name             text,
-    p_max_concurrency  integer DEFAULT NULL,
-    p_rate_limit       text DEFAULT NULL,
-    p_rate_per_second  double precision DEFAULT NULL,
-    p_rate_burst       double precision DEFAULT 1,
-    p_weight           integer DEFAULT 1,
-    p_paused           boolean DEFAULT false,
-    p_key_max_concurrency integer DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_vnow     double precision;
-    v_old_cap  integer;
-    v_old_kcap integer;
-    v_running  integer;
-BEGIN
-    IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
-        PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
-    END IF;
-    -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
-    -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
-    PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
-    SELECT max_concurrency, key_max_concurrency INTO v_old_cap, v_old_kcap
-    FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
-    SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
-    INSERT INTO fairqueue.channel AS c (name, weight, max_concurrency, rate_limit, rate_per_second, rate_burst,
-                                        paused, tokens, tokens_at, vtime, key_max_concurrency)
-    VALUES (p_name, coalesce(p_weight, 1), p_max_concurrency, p_rate_limit, p_rate_per_second,
-            coalesce(p_rate_burst, 1), coalesce(p_paused, false), coalesce(p_rate_burst, 1), clock_timestamp(),
-            coalesce(v_vnow, 0), p_key_max_concurrency)
-    ON CONFLICT (name) DO UPDATE SET
-        weight = EXCLUDED.weight,
-        max_concurrency = EXCLUDED.max_concurrency,
-        rate_limit = EXCLUDED.rate_limit,
-        rate_per_second = EXCLUDED.rate_per_second,
-        rate_burst = EXCLUDED.rate_burst,
-        paused = EXCLUDED.paused,
-        key_max_concurrency = EXCLUDED.key_max_concurrency,
-        tokens = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                      THEN EXCLUDED.rate_burst ELSE least(c.tokens, EXCLUDED.rate_burst) END,
-        tokens_at = CASE WHEN c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                         THEN clock_timestamp() ELSE c.tokens_at END,
-        throttled_until = CASE WHEN EXCLUDED.rate_per_second IS NULL
-                                    OR c.rate_per_second IS DISTINCT FROM EXCLUDED.rate_per_second
-                               THEN NULL ELSE c.throttled_until END,
-        vtime = CASE WHEN c.eligible THEN c.vtime ELSE greatest(c.vtime, coalesce(v_vnow, c.vtime)) END;
-
-    -- Running jobs are only counted while a channel has a cap (claims count them, finishes give the
-    -- slot back). Gaining a cap: count them now. Locking them waits for finishes in flight, so a
-    -- job is counted here only if its finish starts after us, and that finish then sees the cap.
-    IF p_max_concurrency IS NOT NULL AND v_old_cap IS NULL THEN
-        SELECT count(*) INTO v_running
-        FROM (SELECT 1 FROM fairqueue.running_job
-              WHERE channel = p_name AND worker_id IS NOT NULL FOR UPDATE) AS r;
-        UPDATE fairqueue.channel SET running = v_running WHERE name = p_name;
-    ELSIF p_max_concurrency IS NULL THEN
-        UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
-    END IF;
-
-    -- The same one level down (schema/35_fair_keys.sql): each key's running jobs are counted in its
-    -- channel_key row while the channel caps its keys. A key with running jobs and none ready gets a
-    -- row out of turn, which only holds the count.
-    IF p_key_max_concurrency IS NOT NULL AND v_old_kcap IS NULL THEN
-        INSERT INTO fairqueue.channel_key AS k (channel, fair_key, running, in_turn)
-        SELECT p_name, r.fair_key, count(*)::integer, false
-        FROM (SELECT fair_key FROM fairqueue.running_job
-              WHERE channel = p_name AND worker_id IS NOT NULL AND fair_key IS NOT NULL FOR UPDATE) AS r
-        GROUP BY r.fair_key
-        ORDER BY r.fair_key
-        ON CONFLICT (channel, fair_key) DO UPDATE SET running = EXCLUDED.running;
-    ELSIF p_key_max_concurrency IS NULL AND v_old_kcap IS NOT NULL THEN
-        UPDATE fairqueue.channel_key SET running = 0 WHERE channel = p_name AND running <> 0;
-    END IF;
-    -- Keys out of turn wait for a finish to free a slot under the old cap; under the new one (or none)
-    -- they may have room now: wake them all. The intake puts back those below the cap, and a claim
-    -- lets go of those with nothing ready.
-    IF p_key_max_concurrency IS DISTINCT FROM v_old_kcap THEN
-        INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
-        SELECT k.channel, k.fair_key FROM fairqueue.channel_key k
-        WHERE k.channel = p_name AND NOT k.in_turn ORDER BY k.fair_key;
-    END IF;
-    PERFORM pg_notify('fairqueue', '');
-END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._join_key_turns(p_channels text[], p_keys text[])
 RETURNS void
@@ -405,6 +1008,10 @@ DECLARE
     v_channel text;
     v_kchan   text[];
     v_kkey    text[];
+    v_gate    bigint[];
+    v_gate_att integer[];
+    v_made    bigint[] := '{}';
+    v_job     record;
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
@@ -417,16 +1024,19 @@ BEGIN
         WHERE s.job_id = ANY (ARRAY(
             SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
             ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
-        RETURNING s.job_id, s.channel, s.attempt
+        RETURNING s.job_id, s.channel, s.attempt, s.placed
     ),
     classified AS (
         SELECT d.job_id, d.channel, d.attempt, j.priority, j.fair_key,
-               (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
+               (NOT d.placed AND d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL))
+                   AS needs_placement,
+               j.limits IS NOT NULL AS gated
         FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
     ),
     ready AS (
         INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified WHERE NOT needs_placement
+        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified
+        WHERE NOT needs_placement AND NOT gated
         ORDER BY job_id
         RETURNING channel, fair_key
     ),
@@ -438,9 +1048,28 @@ BEGIN
     SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
            (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement),
            (SELECT array_agg(k.channel ORDER BY k.channel, k.fair_key) FROM keyed k),
-           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k)
-    INTO v_wake, v_place, v_kchan, v_kkey;
+           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement),
+           (SELECT array_agg(attempt ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement)
+    INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
 
+    -- Free slots of shared limits go to the jobs waiting for them first, then to the jobs due now.
+    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now THEN
+        v_made := fairqueue._open_limits(p_now);
+    END IF;
+    IF v_gate IS NOT NULL THEN
+        FOR v_job IN
+            SELECT j.id, j.channel, j.priority, j.fair_key, j.limits, g.attempt
+            FROM unnest(v_gate, v_gate_att) AS g(id, attempt)
+            CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            ORDER BY j.id
+        LOOP
+            IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
+                               v_job.limits) IS NOT NULL THEN
+                v_made := v_made || v_job.id;
+            END IF;
+        END LOOP;
+    END IF;
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP
             v_channel := fairqueue._place(v_id, p_now);
@@ -453,6 +1082,15 @@ BEGIN
         INTO v_kchan, v_kkey
         FROM fairqueue.running_job r
         WHERE r.job_id = ANY (v_place) AND r.fair_key IS NOT NULL AND r.worker_id IS NULL;
+    END IF;
+    IF cardinality(v_made) > 0 THEN
+        -- the same for the jobs that got the slots of their shared limits: their channels and keys
+        SELECT v_wake || array_agg(DISTINCT r.channel),
+               v_kchan || coalesce(array_agg(r.channel ORDER BY r.job_id) FILTER (WHERE r.fair_key IS NOT NULL), '{}'),
+               v_kkey || coalesce(array_agg(r.fair_key ORDER BY r.job_id) FILTER (WHERE r.fair_key IS NOT NULL), '{}')
+        INTO v_wake, v_kchan, v_kkey
+        FROM fairqueue.running_job r
+        WHERE r.job_id = ANY (v_made) AND r.worker_id IS NULL;
     END IF;
 
     -- Mark woken channels active, put their woken keys in turn (schema/35_fair_keys.sql) and lift
@@ -518,6 +1156,53 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz, p_priority smallint, p_fair_key text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (p_channel, p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE channel = p_channel AND fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key, channel) VALUES (p_job_id, p_fifo_key, p_channel);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    -- A job with shared limits is placed: the next intake gives it its slots (_gate), or a line to
+    -- wait in. (A finish places jobs too, and must not take the limits' rows: see 37_shared_limits.sql.)
+    IF (SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id) IS NOT NULL THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now, 0, true);
+        PERFORM pg_notify('fairqueue', '');
+        RETURN NULL;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.promote_due_jobs()
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+BEGIN
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
+       OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now) THEN
+        PERFORM fairqueue._intake(v_now);
+        PERFORM pg_notify('fairqueue', '');
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= clock_timestamp());
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._idle_channels(p_names text[], p_rows tid[])
@@ -610,12 +1295,13 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    -- Three index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Four index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
     IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
-           ORDER BY throttled_until LIMIT 1) <= v_now THEN
+           ORDER BY throttled_until LIMIT 1) <= v_now
+       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now THEN
         PERFORM fairqueue._intake(v_now);
     END IF;
     v_workers := greatest(v_workers, 1);
@@ -852,6 +1538,67 @@ BEGIN
     END LOOP;
 END $$;
 
+CREATE OR REPLACE FUNCTION fairqueue.next_due()
+RETURNS double precision
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        -- a channel that can run something now: claim again soon (its jobs may be in flight)
+        WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
+              ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        ELSE extract(epoch FROM least(
+            (SELECT min(run_at) FROM fairqueue.scheduled_job),
+            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL),
+            -- jobs waiting for a shared limit, when its slots or tokens come back
+            (SELECT min(due_at) FROM fairqueue.shared_limit WHERE due_at IS NOT NULL))
+            - clock_timestamp())
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION fairqueue._end_jobs(
+    p_job_ids     bigint[],
+    p_attempts    integer[],
+    p_outcomes    text[],
+    p_results     jsonb[],
+    p_errors      text[],
+    p_worker_ids  bigint[],
+    p_ready_ats   timestamptz[],
+    p_started_ats timestamptz[],
+    p_now         timestamptz,
+    OUT ok        bigint[],
+    OUT bad       bigint[],
+    OUT bad_outcomes text[],
+    OUT fifo_ids  bigint[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH deleted AS (
+        DELETE FROM fairqueue.job j WHERE j.id = ANY (p_job_ids)
+        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority, j.fair_key,
+                  j.limits
+    ),
+    gone AS (
+        SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
+        FROM deleted d
+        JOIN unnest(p_job_ids, p_attempts, p_outcomes, p_results, p_errors, p_worker_ids, p_ready_ats,
+                    p_started_ats)
+             AS f(job_id, attempt, outcome, result, error, worker_id, ready_at, started_at) ON f.job_id = d.id
+    ),
+    hist AS (
+        INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
+                                             worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
+                                             finished_at, priority, fair_key, limits)
+        SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
+               created_at, ready_at, started_at, p_now, priority, fair_key, limits
+        FROM gone
+        RETURNING job_id, outcome, fifo_key
+    )
+    SELECT array_agg(h.job_id) FILTER (WHERE h.outcome = 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.outcome) FILTER (WHERE h.outcome <> 'succeeded'),
+           array_agg(h.job_id) FILTER (WHERE h.fifo_key IS NOT NULL)
+    INTO ok, bad, bad_outcomes, fifo_ids
+    FROM hist AS h;
+END $$;
+
 CREATE OR REPLACE FUNCTION fairqueue.finish(
     p_worker_id  bigint,
     p_job_ids    bigint[],
@@ -869,6 +1616,7 @@ DECLARE
     v_distinct  integer;
     v_released  text[];
     v_keys      text[];
+    v_limits    text[];
     v_ok        bigint[];
     v_bad       bigint[];
     v_bad_out   text[];
@@ -906,7 +1654,7 @@ BEGIN
     ),
     decided AS (
         SELECT g.*, i.outcome, i.result, i.error, i.retry_in, j.kind, j.args, j.unique_key, j.fifo_key, j.created_at,
-               j.priority, j.fair_key,
+               j.priority, j.fair_key, j.limits,
                (i.outcome IN ('succeeded', 'cancelled') OR i.retry_in IS NULL OR g.attempt >= j.max_attempts)
                    AS is_final
         FROM gone g
@@ -923,9 +1671,9 @@ BEGIN
     history AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                             finished_at, priority, fair_key)
+                                             finished_at, priority, fair_key, limits)
         SELECT job_id, attempt, outcome, is_final, kind, channel, CASE WHEN is_final THEN args END, result, error,
-               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority, fair_key
+               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority, fair_key, limits
         FROM decided
     ),
     retried AS (
@@ -943,14 +1691,17 @@ BEGIN
            array_agg(d.job_id ORDER BY d.job_id),
            array_agg(d.outcome ORDER BY d.job_id),
            array_agg(d.is_final ORDER BY d.job_id),
-           array_agg(r.run_at ORDER BY d.job_id)
-    INTO v_released, v_keys, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+           array_agg(r.run_at ORDER BY d.job_id),
+           -- the shared limits' slots they held (a retry waits for them again)
+           (SELECT array_agg(l.name) FROM decided x CROSS JOIN LATERAL unnest(x.limits) AS l(name))
+    INTO v_released, v_keys, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at, v_limits
     FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
 
     IF v_rows_ids IS NULL THEN
         RETURN;
     END IF;
     PERFORM fairqueue._release_slots(v_released, v_keys);
+    PERFORM fairqueue._release_limits(v_limits, v_now);
     -- Only a job that held a FIFO key, or that another job depends on, has a follow-up. The probe
     -- is a statement of its own, after the deletions above: a placement that made a job depend on
     -- one of these held its row, so the deletion waited for it, and this snapshot sees its rows.
@@ -988,13 +1739,139 @@ BEGIN
     RETURN cardinality(v_channels);
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.configure_channel, fairqueue._take_keyed, fairqueue._release_key_slots,
-    fairqueue._release_slots FROM PUBLIC;
+CREATE OR REPLACE FUNCTION fairqueue.cancel(p_job_id bigint)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_running  fairqueue.running_job%ROWTYPE;
+    v_attempt  integer;
+    v_ready    timestamptz;
+    v_found    boolean;
+BEGIN
+    FOR i IN 1 .. 10 LOOP
+        v_attempt := NULL;
+        v_ready := NULL;
+        -- Same lock order as finish (running_job, then job), so the two never deadlock.
+        SELECT * INTO v_running FROM fairqueue.running_job WHERE job_id = p_job_id FOR UPDATE;
+        v_found := FOUND;
+        PERFORM 1 FROM fairqueue.job WHERE id = p_job_id FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT 1 FROM fairqueue.completed_job WHERE job_id = p_job_id AND final) THEN
+                RETURN 'finished';
+            END IF;
+            RETURN 'not_found';
+        END IF;
+        IF v_found THEN
+            IF v_running.worker_id IS NOT NULL THEN
+                UPDATE fairqueue.running_job SET cancel_requested = true WHERE job_id = p_job_id;
+                PERFORM pg_notify('fairqueue_cancel', p_job_id::text);
+                RETURN 'cancel_requested';
+            END IF;
+            DELETE FROM fairqueue.running_job WHERE job_id = p_job_id;
+            v_attempt := v_running.attempt;
+            v_ready := v_running.ready_at;
+            -- a ready job holds a slot of each of its shared limits
+            PERFORM fairqueue._release_limits((SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id), v_now);
+        ELSE
+            DELETE FROM fairqueue.scheduled_job WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
+            IF NOT FOUND THEN
+                DELETE FROM fairqueue.fifo_waiting WHERE job_id = p_job_id;
+                IF FOUND THEN
+                    v_attempt := 0;
+                ELSE
+                    DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
+                    IF FOUND THEN
+                        v_attempt := 0;
+                    ELSE
+                        -- waiting for a shared limit (its line's row goes when a claim finds it empty)
+                        DELETE FROM fairqueue.limit_waiting WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
+                    END IF;
+                END IF;
+            END IF;
+        END IF;
+        IF v_attempt IS NOT NULL THEN
+            PERFORM fairqueue._wake_channels(fairqueue._finalize(
+                ARRAY[p_job_id], ARRAY[v_attempt], ARRAY['cancelled'], ARRAY[NULL::jsonb], ARRAY['cancelled'],
+                ARRAY[NULL::bigint], ARRAY[v_ready], ARRAY[NULL::timestamptz], v_now));
+            RETURN 'cancelled';
+        END IF;
+        -- The job moved between stages while we looked (a claimer was placing it): look again.
+    END LOOP;
+    RAISE EXCEPTION 'fairqueue: job % kept moving while being cancelled; retry', p_job_id
+        USING ERRCODE = 'serialization_failure';
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue.retry(p_job_id bigint, p_attempts integer DEFAULT 1)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_now         timestamptz := clock_timestamp();
+    v_last        fairqueue.completed_job%ROWTYPE;
+    v_constraint  text;
+BEGIN
+    IF p_attempts IS NULL OR p_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'fairqueue: attempts must be from 1 to 1000, got %', p_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM fairqueue.job WHERE id = p_job_id) THEN
+        UPDATE fairqueue.scheduled_job SET run_at = v_now
+        WHERE job_id = p_job_id AND attempt > 0 AND run_at > v_now;
+        IF FOUND THEN
+            PERFORM pg_notify('fairqueue', '');
+            RETURN 'rescheduled';
+        END IF;
+        RETURN 'queued';
+    END IF;
+    SELECT * INTO v_last FROM fairqueue.completed_job
+    WHERE job_id = p_job_id AND final ORDER BY finished_at DESC, attempt DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    ELSIF v_last.outcome = 'succeeded' THEN
+        RETURN 'succeeded';
+    ELSIF v_last.attempt >= 1000 THEN
+        RETURN 'exhausted';
+    END IF;
+    BEGIN
+        INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, unique_key, fifo_key, created_at, priority,
+                                   fair_key, limits)
+        OVERRIDING SYSTEM VALUE
+        VALUES (p_job_id, v_last.kind, v_last.channel, coalesce(v_last.args, '{}'::jsonb),
+                least(1000, v_last.attempt + p_attempts), v_last.unique_key, v_last.fifo_key, v_last.enqueued_at,
+                v_last.priority, v_last.fair_key, v_last.limits);
+    EXCEPTION WHEN unique_violation THEN
+        GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
+        -- job_pkey: a concurrent retry of the same job won; anything else is the unique key
+        RETURN CASE WHEN v_constraint = 'job_pkey' THEN 'queued' ELSE 'duplicate' END;
+    END;
+    -- attempt > 0: the intake makes it ready directly (no FIFO or dependency placement again)
+    INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
+    VALUES (p_job_id, v_last.channel, v_now, v_last.attempt);
+    PERFORM pg_notify('fairqueue', '');
+    RETURN 'retried';
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.configure_channel, fairqueue._take_keyed,
+    fairqueue._release_slots, fairqueue._release_key_slots, fairqueue._check_limits, fairqueue.configure_limit,
+    fairqueue._limit_tokens, fairqueue._wait_for_limit, fairqueue._gate, fairqueue._open_limits,
+    fairqueue._release_limits FROM PUBLIC;
 DO $$
 DECLARE
     v_grant record;
 BEGIN
     FOR v_grant IN SELECT DISTINCT function, grantee FROM fairqueue_v13_grants ORDER BY 1, 2 LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION fairqueue.%I TO %s', v_grant.function, v_grant.grantee);
+    END LOOP;
+END $$;
+DO $$
+DECLARE
+    v_grantee text;
+BEGIN
+    FOR v_grantee IN SELECT DISTINCT grantee FROM fairqueue_v13_grants WHERE function = 'configure_channel' ORDER BY 1 LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION fairqueue.configure_limit TO %s', v_grantee);
     END LOOP;
 END $$;

@@ -4,18 +4,23 @@
 
 -- name: enqueue
 -- One job (schema/10_enqueue.sql); created is false when an unfinished job holds its unique key.
--- The last parameter is the job's fair key (NULL: none).
+-- The last parameters are the job's fair key and its shared limits (NULL: none).
 SELECT job_id, created FROM fairqueue.enqueue(
     %s, %s::text::jsonb, %s, %s::timestamptz, %s::integer, %s::double precision, %s, %s, %s::bigint[],
-    %s::smallint, %s::text::jsonb, %s)
+    %s::smallint, %s::text::jsonb, %s, %s::text[])
 
 -- name: enqueue_many
--- Many jobs in one statement, as parallel arrays; rows come back in the order given. The last array
--- holds the fair keys (NULL when no job has one).
+-- Many jobs in one statement, as parallel arrays; rows come back in the order given. The last arrays
+-- hold the fair keys and each job's shared limits as a JSON array (NULL when no job has any).
 SELECT ord, job_id, created FROM fairqueue.enqueue_many(
     %s::text[], %s::text[]::jsonb[], %s::text[], %s::timestamptz[], %s::integer[], %s::double precision[],
-    %s::text[], %s::text[], %s::text[]::jsonb[], %s::smallint[], %s::text[]::jsonb[], %s::text[])
+    %s::text[], %s::text[], %s::text[]::jsonb[], %s::smallint[], %s::text[]::jsonb[], %s::text[],
+    %s::text[]::jsonb[])
 ORDER BY ord
+
+-- name: configure_limit
+-- Sets every setting of a shared limit (creating it if needed).
+SELECT fairqueue.configure_limit(%s, %s::integer, %s, %s::double precision, %s::double precision)
 
 -- name: existing_job_ids
 -- Which of the given ids exist, live or finished (for validating `after=` before writing anything).

@@ -127,6 +127,8 @@ CREATE TABLE fairqueue.job (
     trace_context    jsonb,
     -- the key the job takes turns by within its channel (NULL: none); see channel_key
     fair_key         text,
+    -- the shared limits the job counts against, sorted (NULL: none); see shared_limit
+    limits           text[],
     CONSTRAINT job_kind_check CHECK (length(kind) BETWEEN 1 AND 255),
     CONSTRAINT job_channel_check CHECK (length(channel) BETWEEN 1 AND 200),
     CONSTRAINT job_args_check CHECK (jsonb_typeof(args) = 'object'),
@@ -136,7 +138,8 @@ CREATE TABLE fairqueue.job (
     CONSTRAINT job_fifo_key_check CHECK (fifo_key IS NULL OR length(fifo_key) BETWEEN 1 AND 255),
     CONSTRAINT job_priority_check CHECK (priority BETWEEN -100 AND 100),
     CONSTRAINT job_trace_context_check CHECK (trace_context IS NULL OR jsonb_typeof(trace_context) = 'object'),
-    CONSTRAINT job_fair_key_check CHECK (fair_key IS NULL OR length(fair_key) BETWEEN 1 AND 255)
+    CONSTRAINT job_fair_key_check CHECK (fair_key IS NULL OR length(fair_key) BETWEEN 1 AND 255),
+    CONSTRAINT job_limits_check CHECK (limits IS NULL OR cardinality(limits) BETWEEN 1 AND 8)
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- One live job per unique key of a channel: keys belong to their channel (tenant), so the same key
@@ -175,7 +178,9 @@ CREATE TABLE fairqueue.scheduled_job (
     job_id   bigint PRIMARY KEY,
     channel  text NOT NULL,
     run_at   timestamptz NOT NULL,
-    attempt  integer NOT NULL DEFAULT 0
+    attempt  integer NOT NULL DEFAULT 0,
+    -- placed already (its dependencies and FIFO key are behind it): only its shared limits are left
+    placed   boolean NOT NULL DEFAULT false
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000);
 CREATE INDEX scheduled_job_run_at_idx ON fairqueue.scheduled_job (run_at);
 
@@ -222,6 +227,57 @@ CREATE TABLE fairqueue.channel_debt (
     vtime    double precision NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 
+-- A limit shared by the jobs of every channel that declare it (an external API, a GPU pool, a mail
+-- relay): at most max_concurrency of them ready or running at once, and at most rate_per_second of
+-- them made ready per second (a token bucket), across every worker (schema/37_shared_limits.sql).
+-- A job holds a slot of each of its limits from the moment it becomes ready until it ends; one that
+-- cannot get them all waits in limit_waiting, outside the ready queues, so the other jobs of its
+-- channel keep flowing. Producers only read these rows (enqueue checks that a limit exists).
+CREATE TABLE fairqueue.shared_limit (
+    name             text PRIMARY KEY,
+    max_concurrency  integer,
+    rate_limit       text,
+    rate_per_second  double precision,
+    rate_burst       double precision NOT NULL DEFAULT 1,
+    tokens           double precision NOT NULL DEFAULT 1,
+    tokens_at        timestamptz NOT NULL DEFAULT now(),
+    -- jobs holding a slot: ready or running
+    held             integer NOT NULL DEFAULT 0,
+    -- when the next claim's intake should hand free slots to waiting jobs (NULL: nothing to hand out)
+    due_at           timestamptz,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT shared_limit_name_check CHECK (length(name) BETWEEN 1 AND 200),
+    CONSTRAINT shared_limit_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
+    CONSTRAINT shared_limit_rate_check CHECK (
+        (rate_per_second IS NULL) = (rate_limit IS NULL) AND (rate_per_second IS NULL OR rate_per_second > 0)),
+    CONSTRAINT shared_limit_burst_check CHECK (rate_burst >= 1),
+    CONSTRAINT shared_limit_held_check CHECK (held >= 0)
+) WITH (fillfactor = 50);
+CREATE INDEX shared_limit_due_idx ON fairqueue.shared_limit (due_at) WHERE due_at IS NOT NULL;
+
+-- Jobs waiting for a slot of a shared limit (the first of theirs that had none), by channel: the
+-- channels waiting on a limit share its slots round-robin (limit_turn), each channel's jobs in
+-- priority, then enqueue order.
+CREATE TABLE fairqueue.limit_waiting (
+    job_id      bigint PRIMARY KEY,
+    limit_name  text NOT NULL,
+    channel     text NOT NULL,
+    attempt     integer NOT NULL,
+    rank        smallint NOT NULL
+);
+CREATE INDEX limit_waiting_turn_idx ON fairqueue.limit_waiting (limit_name, channel, rank, job_id);
+
+-- The turns of the channels waiting on a shared limit: each job handed a slot adds 1 to its channel's
+-- vtime, and the channel with the lowest vtime gets the next slot. A row exists while the channel has
+-- jobs waiting on the limit.
+CREATE TABLE fairqueue.limit_turn (
+    limit_name  text NOT NULL,
+    channel     text NOT NULL,
+    vtime       double precision NOT NULL DEFAULT 0,
+    CONSTRAINT limit_turn_pkey PRIMARY KEY (limit_name, channel)
+);
+CREATE INDEX limit_turn_order_idx ON fairqueue.limit_turn (limit_name, vtime, channel);
+
 -- A worker process. Its lease is extended by heartbeats; when it expires, the maintenance role
 -- re-runs the worker's jobs (schema/50_workers.sql). Jobs refer to workers by id, without a foreign
 -- key, so removing a worker never rewrites job rows.
@@ -255,6 +311,7 @@ CREATE TABLE fairqueue.completed_job (
     finished_at  timestamptz NOT NULL,
     priority     smallint NOT NULL DEFAULT 0,
     fair_key     text,
+    limits       text[],
     CONSTRAINT completed_job_pkey PRIMARY KEY (job_id, attempt, outcome, finished_at),
     CONSTRAINT completed_job_outcome_check CHECK (
         outcome IN ('succeeded', 'failed', 'timed_out', 'lost', 'cancelled', 'dependency_failed'))

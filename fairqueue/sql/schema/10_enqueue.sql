@@ -107,6 +107,31 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Checks the shared limits jobs declare (schema/37_shared_limits.sql): each a configured limit, at
+-- most 8 per job. Raises the error that names the first problem; returns nothing.
+CREATE FUNCTION fairqueue._check_limits(p_names text[], p_most integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF p_most > 8 THEN
+        RAISE EXCEPTION 'fairqueue: a job can use at most 8 shared limits, got %', p_most
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF array_position(p_names, NULL) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM unnest(p_names) AS n WHERE length(n) NOT BETWEEN 1 AND 200) THEN
+        RAISE EXCEPTION 'fairqueue: a shared limit name must be a non-empty string of at most 200 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT n INTO v_bad FROM unnest(p_names) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM fairqueue.shared_limit s WHERE s.name = n) ORDER BY n LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'fairqueue: shared limit % is not configured (see fairqueue.configure_limit)',
+            quote_literal(v_bad) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 -- One job. Returns its id and whether it was created: false when an unfinished job of the same
 -- unique key exists, whose id is returned instead. The caller (fairqueue.enqueue) has validated every
 -- value; the table constraints are the last line.
@@ -123,6 +148,7 @@ CREATE FUNCTION fairqueue.enqueue(
     p_priority         smallint DEFAULT 0,
     p_trace_context    jsonb DEFAULT NULL,
     p_fair_key         text DEFAULT NULL,
+    p_limits           text[] DEFAULT NULL,
     OUT job_id         bigint,
     OUT created        boolean)
 LANGUAGE plpgsql
@@ -159,19 +185,27 @@ BEGIN
     IF cardinality(p_depends_on) = 0 THEN
         p_depends_on := NULL;
     END IF;
+    IF p_limits IS NOT NULL THEN
+        -- each limit once, in name order (the order slots are taken in)
+        p_limits := nullif(ARRAY(SELECT DISTINCT n FROM unnest(p_limits) AS n ORDER BY n), '{}');
+        IF array_to_string(p_limits, ' ') ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+            PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[array_to_string(p_limits, ' ')]);
+        END IF;
+        PERFORM fairqueue._check_limits(p_limits, cardinality(p_limits));
+    END IF;
 
     IF p_unique_key IS NULL THEN
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, fifo_key, depends_on,
-                                   run_at, created_at, priority, trace_context, fair_key)
+                                   run_at, created_at, priority, trace_context, fair_key, limits)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_fifo_key, p_depends_on,
-                p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
+                p_run_at, v_now, p_priority, p_trace_context, p_fair_key, p_limits)
         RETURNING id INTO job_id;
     ELSE
         -- Only producers of the same unique key wait on each other here: that is what the key asks for.
         INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key, limits)
         VALUES (p_kind, p_channel, p_args, coalesce(p_max_attempts, 3), p_timeout_seconds, p_unique_key, p_fifo_key,
-                p_depends_on, p_run_at, v_now, p_priority, p_trace_context, p_fair_key)
+                p_depends_on, p_run_at, v_now, p_priority, p_trace_context, p_fair_key, p_limits)
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id INTO job_id;
         IF job_id IS NULL THEN
@@ -191,7 +225,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now THEN
+    -- (a job with shared limits gets their slots from a worker's intake, which can wait its turn for them)
+    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now OR p_limits IS NOT NULL THEN
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
         VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
         IF p_run_at IS NULL OR p_run_at <= v_now THEN
@@ -219,7 +254,8 @@ CREATE FUNCTION fairqueue.enqueue_many(
     p_depends_on       jsonb[] DEFAULT NULL,
     p_priorities       smallint[] DEFAULT NULL,
     p_trace_contexts   jsonb[] DEFAULT NULL,
-    p_fair_keys        text[] DEFAULT NULL)
+    p_fair_keys        text[] DEFAULT NULL,
+    p_limits           jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord bigint, job_id bigint, created boolean)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -243,7 +279,7 @@ BEGIN
        OR coalesce(cardinality(p_timeouts), v_n) <> v_n OR coalesce(cardinality(p_unique_keys), v_n) <> v_n
        OR coalesce(cardinality(p_fifo_keys), v_n) <> v_n OR coalesce(cardinality(p_depends_on), v_n) <> v_n
        OR coalesce(cardinality(p_priorities), v_n) <> v_n OR coalesce(cardinality(p_trace_contexts), v_n) <> v_n
-       OR coalesce(cardinality(p_fair_keys), v_n) <> v_n THEN
+       OR coalesce(cardinality(p_fair_keys), v_n) <> v_n OR coalesce(cardinality(p_limits), v_n) <> v_n THEN
         RAISE EXCEPTION 'fairqueue: enqueue_many arrays must all have % elements', v_n
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -261,6 +297,29 @@ BEGIN
                   array_to_string(p_fair_keys, ' ')]);
     END IF;
 
+    IF p_limits IS NOT NULL THEN
+        -- each job's limits: a JSON array of names (or null)
+        IF EXISTS (SELECT 1 FROM unnest(p_limits) AS l(v)
+                   WHERE l.v IS NOT NULL AND l.v <> 'null'::jsonb
+                     AND (jsonb_typeof(l.v) <> 'array'
+                          OR EXISTS (SELECT 1 FROM jsonb_array_elements(l.v) AS e(x) WHERE jsonb_typeof(e.x) <> 'string')))
+        THEN
+            RAISE EXCEPTION 'fairqueue: each job''s limits must be a list of shared limit names'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM fairqueue._check_limits(
+            ARRAY(SELECT DISTINCT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                  WHERE jsonb_typeof(l.v) = 'array'),
+            (SELECT max((SELECT count(DISTINCT x) FROM jsonb_array_elements_text(l.v) AS e(x)))::integer
+             FROM unnest(p_limits) AS l(v) WHERE jsonb_typeof(l.v) = 'array'));
+        IF array_to_string(ARRAY(SELECT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                                 WHERE jsonb_typeof(l.v) = 'array'), ' ') ~ '[\u0001-\u001f\u007f-\u009f]' THEN
+            PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[array_to_string(
+                ARRAY(SELECT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
+                      WHERE jsonb_typeof(l.v) = 'array'), ' ')]);
+        END IF;
+    END IF;
+
     WITH input AS (
         SELECT u.ord AS pos,
                nextval('fairqueue.job_id_seq'::regclass) AS id,
@@ -276,25 +335,29 @@ BEGIN
                     THEN ARRAY(SELECT jsonb_array_elements_text(u.depends_on)::bigint) END AS depends_on,
                coalesce(u.priority, 0) AS priority,
                u.trace_context,
-               u.fair_key
+               u.fair_key,
+               CASE WHEN jsonb_typeof(u.limits) = 'array' AND jsonb_array_length(u.limits) > 0
+                    THEN ARRAY(SELECT DISTINCT x FROM jsonb_array_elements_text(u.limits) AS e(x) ORDER BY x) END
+                   AS limits
         FROM unnest(p_kinds, p_args, p_channels, p_run_ats, p_max_attempts, p_timeouts, p_unique_keys,
-                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts, p_fair_keys)
+                    p_fifo_keys, p_depends_on, p_priorities, p_trace_contexts, p_fair_keys, p_limits)
              WITH ORDINALITY AS u(kind, args, channel, run_at, max_attempts, timeout_seconds, unique_key,
-                                  fifo_key, depends_on, priority, trace_context, fair_key, ord)
+                                  fifo_key, depends_on, priority, trace_context, fair_key, limits, ord)
     ),
     inserted AS (
         INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key,
-                                   depends_on, run_at, created_at, priority, trace_context, fair_key)
+                                   depends_on, run_at, created_at, priority, trace_context, fair_key, limits)
         OVERRIDING SYSTEM VALUE
         SELECT id, kind, channel, args, max_attempts, timeout_seconds, unique_key, fifo_key, depends_on, run_at, v_now,
-               priority, trace_context, fair_key
+               priority, trace_context, fair_key, limits
         FROM input
         ORDER BY pos
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id
     ),
     placed AS (
-        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)) AS staged
+        SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)
+                     OR i.limits IS NOT NULL) AS staged
         FROM input i JOIN inserted USING (id)
     ),
     ready AS (

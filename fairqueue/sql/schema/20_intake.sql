@@ -5,7 +5,8 @@
 -- throttles. Nothing here waits for a lock: rows another transaction holds are skipped and their
 -- work stays for the next claim.
 
--- Moves due scheduled jobs on, consumes producer wakeups and lifts expired throttles. Called at the
+-- Moves due scheduled jobs on, consumes producer wakeups, hands free slots of shared limits to the
+-- jobs waiting for them (schema/37_shared_limits.sql) and lifts expired throttles. Called at the
 -- start of every claim (and by promote_due_jobs).
 CREATE FUNCTION fairqueue._intake(p_now timestamptz)
 RETURNS void
@@ -17,6 +18,10 @@ DECLARE
     v_channel text;
     v_kchan   text[];
     v_kkey    text[];
+    v_gate    bigint[];
+    v_gate_att integer[];
+    v_made    bigint[] := '{}';
+    v_job     record;
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
@@ -29,16 +34,19 @@ BEGIN
         WHERE s.job_id = ANY (ARRAY(
             SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
             ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
-        RETURNING s.job_id, s.channel, s.attempt
+        RETURNING s.job_id, s.channel, s.attempt, s.placed
     ),
     classified AS (
         SELECT d.job_id, d.channel, d.attempt, j.priority, j.fair_key,
-               (d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL)) AS needs_placement
+               (NOT d.placed AND d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL))
+                   AS needs_placement,
+               j.limits IS NOT NULL AS gated
         FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
     ),
     ready AS (
         INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified WHERE NOT needs_placement
+        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified
+        WHERE NOT needs_placement AND NOT gated
         ORDER BY job_id
         RETURNING channel, fair_key
     ),
@@ -50,9 +58,28 @@ BEGIN
     SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
            (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement),
            (SELECT array_agg(k.channel ORDER BY k.channel, k.fair_key) FROM keyed k),
-           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k)
-    INTO v_wake, v_place, v_kchan, v_kkey;
+           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k),
+           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement),
+           (SELECT array_agg(attempt ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement)
+    INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
 
+    -- Free slots of shared limits go to the jobs waiting for them first, then to the jobs due now.
+    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now THEN
+        v_made := fairqueue._open_limits(p_now);
+    END IF;
+    IF v_gate IS NOT NULL THEN
+        FOR v_job IN
+            SELECT j.id, j.channel, j.priority, j.fair_key, j.limits, g.attempt
+            FROM unnest(v_gate, v_gate_att) AS g(id, attempt)
+            CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            ORDER BY j.id
+        LOOP
+            IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
+                               v_job.limits) IS NOT NULL THEN
+                v_made := v_made || v_job.id;
+            END IF;
+        END LOOP;
+    END IF;
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP
             v_channel := fairqueue._place(v_id, p_now);
@@ -65,6 +92,15 @@ BEGIN
         INTO v_kchan, v_kkey
         FROM fairqueue.running_job r
         WHERE r.job_id = ANY (v_place) AND r.fair_key IS NOT NULL AND r.worker_id IS NULL;
+    END IF;
+    IF cardinality(v_made) > 0 THEN
+        -- the same for the jobs that got the slots of their shared limits: their channels and keys
+        SELECT v_wake || array_agg(DISTINCT r.channel),
+               v_kchan || coalesce(array_agg(r.channel ORDER BY r.job_id) FILTER (WHERE r.fair_key IS NOT NULL), '{}'),
+               v_kkey || coalesce(array_agg(r.fair_key ORDER BY r.job_id) FILTER (WHERE r.fair_key IS NOT NULL), '{}')
+        INTO v_wake, v_kchan, v_kkey
+        FROM fairqueue.running_job r
+        WHERE r.job_id = ANY (v_made) AND r.worker_id IS NULL;
     END IF;
 
     -- Mark woken channels active, put their woken keys in turn (schema/35_fair_keys.sql) and lift
@@ -197,6 +233,14 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- A job with shared limits is placed: the next intake gives it its slots (_gate), or a line to
+    -- wait in. (A finish places jobs too, and must not take the limits' rows: see 37_shared_limits.sql.)
+    IF (SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id) IS NOT NULL THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now, 0, true);
+        PERFORM pg_notify('fairqueue', '');
+        RETURN NULL;
+    END IF;
     INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
     VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
     RETURN p_channel;
@@ -215,7 +259,8 @@ DECLARE
 BEGIN
     IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
        OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
-       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now) THEN
+       OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now) THEN
         PERFORM fairqueue._intake(v_now);
         PERFORM pg_notify('fairqueue', '');
     END IF;

@@ -186,12 +186,13 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    -- Three index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Four index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
     IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
-           ORDER BY throttled_until LIMIT 1) <= v_now THEN
+           ORDER BY throttled_until LIMIT 1) <= v_now
+       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now THEN
         PERFORM fairqueue._intake(v_now);
     END IF;
     v_workers := greatest(v_workers, 1);
@@ -429,7 +430,8 @@ BEGIN
 END $$;
 
 -- Seconds until something may be claimable: 0 while a channel is eligible (it has, or is about to
--- have, ready jobs), else until the next delayed job or throttled channel is due (NULL: none).
+-- have, ready jobs), else until the next delayed job, throttled channel or shared limit is due
+-- (NULL: none).
 CREATE FUNCTION fairqueue.next_due()
 RETURNS double precision
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -439,7 +441,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
               ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
         ELSE extract(epoch FROM least(
             (SELECT min(run_at) FROM fairqueue.scheduled_job),
-            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL))
+            (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL),
+            -- jobs waiting for a shared limit, when its slots or tokens come back
+            (SELECT min(due_at) FROM fairqueue.shared_limit WHERE due_at IS NOT NULL))
             - clock_timestamp())
     END
 $$;

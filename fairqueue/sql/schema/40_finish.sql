@@ -160,7 +160,8 @@ LANGUAGE plpgsql AS $$
 BEGIN
     WITH deleted AS (
         DELETE FROM fairqueue.job j WHERE j.id = ANY (p_job_ids)
-        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority, j.fair_key
+        RETURNING j.id, j.kind, j.channel, j.args, j.unique_key, j.fifo_key, j.created_at, j.priority, j.fair_key,
+                  j.limits
     ),
     gone AS (
         SELECT d.*, f.attempt, f.outcome, f.result, f.error, f.worker_id, f.ready_at, f.started_at
@@ -172,9 +173,9 @@ BEGIN
     hist AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                             finished_at, priority, fair_key)
+                                             finished_at, priority, fair_key, limits)
         SELECT id, attempt, outcome, true, kind, channel, args, result, error, worker_id, unique_key, fifo_key,
-               created_at, ready_at, started_at, p_now, priority, fair_key
+               created_at, ready_at, started_at, p_now, priority, fair_key, limits
         FROM gone
         RETURNING job_id, outcome, fifo_key
     )
@@ -266,6 +267,7 @@ DECLARE
     v_distinct  integer;
     v_released  text[];
     v_keys      text[];
+    v_limits    text[];
     v_ok        bigint[];
     v_bad       bigint[];
     v_bad_out   text[];
@@ -303,7 +305,7 @@ BEGIN
     ),
     decided AS (
         SELECT g.*, i.outcome, i.result, i.error, i.retry_in, j.kind, j.args, j.unique_key, j.fifo_key, j.created_at,
-               j.priority, j.fair_key,
+               j.priority, j.fair_key, j.limits,
                (i.outcome IN ('succeeded', 'cancelled') OR i.retry_in IS NULL OR g.attempt >= j.max_attempts)
                    AS is_final
         FROM gone g
@@ -320,9 +322,9 @@ BEGIN
     history AS (
         INSERT INTO fairqueue.completed_job (job_id, attempt, outcome, final, kind, channel, args, result, error,
                                              worker_id, unique_key, fifo_key, enqueued_at, ready_at, started_at,
-                                             finished_at, priority, fair_key)
+                                             finished_at, priority, fair_key, limits)
         SELECT job_id, attempt, outcome, is_final, kind, channel, CASE WHEN is_final THEN args END, result, error,
-               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority, fair_key
+               p_worker_id, unique_key, fifo_key, created_at, ready_at, started_at, v_now, priority, fair_key, limits
         FROM decided
     ),
     retried AS (
@@ -340,14 +342,17 @@ BEGIN
            array_agg(d.job_id ORDER BY d.job_id),
            array_agg(d.outcome ORDER BY d.job_id),
            array_agg(d.is_final ORDER BY d.job_id),
-           array_agg(r.run_at ORDER BY d.job_id)
-    INTO v_released, v_keys, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at
+           array_agg(r.run_at ORDER BY d.job_id),
+           -- the shared limits' slots they held (a retry waits for them again)
+           (SELECT array_agg(l.name) FROM decided x CROSS JOIN LATERAL unnest(x.limits) AS l(name))
+    INTO v_released, v_keys, v_ok, v_bad, v_bad_out, v_fifo, v_rows_ids, v_rows_out, v_rows_fin, v_rows_at, v_limits
     FROM decided d LEFT JOIN retried r ON r.job_id = d.job_id;
 
     IF v_rows_ids IS NULL THEN
         RETURN;
     END IF;
     PERFORM fairqueue._release_slots(v_released, v_keys);
+    PERFORM fairqueue._release_limits(v_limits, v_now);
     -- Only a job that held a FIFO key, or that another job depends on, has a follow-up. The probe
     -- is a statement of its own, after the deletions above: a placement that made a job depend on
     -- one of these held its row, so the deletion waited for it, and this snapshot sees its rows.
@@ -422,6 +427,8 @@ BEGIN
             DELETE FROM fairqueue.running_job WHERE job_id = p_job_id;
             v_attempt := v_running.attempt;
             v_ready := v_running.ready_at;
+            -- a ready job holds a slot of each of its shared limits
+            PERFORM fairqueue._release_limits((SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id), v_now);
         ELSE
             DELETE FROM fairqueue.scheduled_job WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
             IF NOT FOUND THEN
@@ -432,6 +439,9 @@ BEGIN
                     DELETE FROM fairqueue.job_dependency WHERE job_id = p_job_id;
                     IF FOUND THEN
                         v_attempt := 0;
+                    ELSE
+                        -- waiting for a shared limit (its line's row goes when a claim finds it empty)
+                        DELETE FROM fairqueue.limit_waiting WHERE job_id = p_job_id RETURNING attempt INTO v_attempt;
                     END IF;
                 END IF;
             END IF;
@@ -494,11 +504,11 @@ BEGIN
     END IF;
     BEGIN
         INSERT INTO fairqueue.job (id, kind, channel, args, max_attempts, unique_key, fifo_key, created_at, priority,
-                                   fair_key)
+                                   fair_key, limits)
         OVERRIDING SYSTEM VALUE
         VALUES (p_job_id, v_last.kind, v_last.channel, coalesce(v_last.args, '{}'::jsonb),
                 least(1000, v_last.attempt + p_attempts), v_last.unique_key, v_last.fifo_key, v_last.enqueued_at,
-                v_last.priority, v_last.fair_key);
+                v_last.priority, v_last.fair_key, v_last.limits);
     EXCEPTION WHEN unique_violation THEN
         GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
         -- job_pkey: a concurrent retry of the same job won; anything else is the unique key

@@ -1,4 +1,4 @@
-"""fairqueue 0013: a cap per fair key.
+"""fairqueue 0013: a cap per fair key; shared limits.
 
 Revision ID: fq0013
 Revises: fq0012

@@ -1,4 +1,5 @@
-"""fairqueue schema revision fq0013 (fairqueue/sql/migrations/v0013_up.sql): a cap per fair key."""
+"""fairqueue schema revision fq0013 (fairqueue/sql/migrations/v0013_up.sql): a cap per fair key; shared
+limits."""
 
 from django.db import migrations
 

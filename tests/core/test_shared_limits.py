@@ -1,0 +1,321 @@
+"""Shared limits (docs/design.md, "Shared limits"): a concurrency cap and a rate limit for a resource
+that jobs of every channel use, exact across every worker. A job holds a slot of each of its limits
+from ready to end; one that cannot get them waits outside the ready queues (its channel's other jobs
+keep flowing), and the channels waiting for a limit get its slots in turns."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+import fairqueue
+from fairqueue import Outcome
+from fairqueue.errors import InvalidChannelConfigError, InvalidJobError
+from tests.conftest import Connections
+from tests.helpers import assert_consistent
+
+
+def _enqueue(db: psycopg.Connection[Any], channel: str, n: int, limits: Sequence[str] | None, kind: str = "k") -> None:
+    fairqueue.enqueue_many(db, [fairqueue.JobSpec(kind, channel=channel, limits=limits) for _ in range(n)])
+
+
+def _claim(db: psycopg.Connection[Any], worker: int, n: int) -> list[fairqueue.ClaimedJob]:
+    return fairqueue.claim_batch(db, worker, n)
+
+
+def _holding(db: psycopg.Connection[Any], limit: str) -> int:
+    """Jobs ready or running that count against the limit (what shared_limit.held must equal)."""
+    row = db.execute(
+        "SELECT count(*) FROM fairqueue.running_job r JOIN fairqueue.job j ON j.id = r.job_id"
+        " WHERE %s = ANY (j.limits)",
+        (limit,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _held(db: psycopg.Connection[Any], limit: str) -> int:
+    row = db.execute("SELECT held FROM fairqueue.shared_limit WHERE name = %s", (limit,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _assert_limits_consistent(db: psycopg.Connection[Any]) -> None:
+    assert_consistent(db)
+    for (name,) in db.execute("SELECT name FROM fairqueue.shared_limit").fetchall():
+        assert _held(db, name) == _holding(db, name), name
+    # every job waiting for a limit is in its channel's turn there
+    lost = db.execute(
+        "SELECT w.job_id FROM fairqueue.limit_waiting w WHERE NOT EXISTS (SELECT 1 FROM fairqueue.limit_turn t"
+        " WHERE t.limit_name = w.limit_name AND t.channel = w.channel)"
+    ).fetchall()
+    assert lost == []
+
+
+def test_a_job_waits_for_a_free_slot_while_its_channels_other_jobs_keep_flowing(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    _enqueue(conn, "acme", 3, ["api"], kind="api")
+    _enqueue(conn, "acme", 3, None, kind="plain")
+    first = _claim(conn, worker, 10)
+    assert Counter(j.kind for j in first) == {"plain": 3, "api": 1}
+    assert _claim(conn, worker, 10) == []
+    # the two waiting do not keep the channel busy: no worker is told to come back at once
+    assert conn.execute("SELECT fairqueue.next_due()").fetchone() == (None,)
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_waiting").fetchone() == (2,)
+    _assert_limits_consistent(conn)
+    fairqueue.finish(conn, worker, [Outcome(j.id) for j in first])
+    assert [j.kind for j in _claim(conn, worker, 10)] == ["api"]
+    _assert_limits_consistent(conn)
+
+
+def test_two_tenants_flooding_a_limit_share_it_in_turns_and_a_third_runs_at_full_speed(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=4)
+    _enqueue(conn, "acme", 60, ["api"])
+    _enqueue(conn, "globex", 60, ["api"])
+    _enqueue(conn, "initech", 60, None)
+    started: list[str] = []
+    rounds = 0
+    while len([c for c in started if c != "initech"]) < 60:
+        rounds += 1
+        jobs = _claim(conn, worker, 20)
+        started.extend(j.channel for j in jobs)
+        assert _holding(conn, "api") <= 4
+        fairqueue.finish(conn, worker, [Outcome(j.id) for j in jobs])
+    # initech, with no limit, was not held back: all 60 ran in the first rounds
+    assert started.count("initech") == 60
+    assert rounds <= 15
+    limited = [c for c in started if c != "initech"]
+    shares = Counter(limited[4:])  # after the first slots, which the first flood took alone
+    assert abs(shares["acme"] - shares["globex"]) <= 1, shares
+    _assert_limits_consistent(conn)
+
+
+def test_several_workers_never_exceed_a_limit_and_share_it_between_two_floods(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Three workers claim in barrier-synchronised rounds, each finishing what it claimed before the
+    next round: after every claim no more than 3 jobs hold the limit (committed state), the two
+    floods get the same number of its slots (within one round's slots), and the tenant without it
+    runs at full speed."""
+    cap, workers_n = 3, 3
+    fairqueue.configure_limit(conn, "gpu", max_concurrency=cap)
+    _enqueue(conn, "acme", 45, ["gpu"])
+    _enqueue(conn, "globex", 45, ["gpu"])
+    _enqueue(conn, "initech", 90, None)
+    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(workers_n)]
+    barrier = threading.Barrier(workers_n)
+    lock = threading.Lock()
+    started: list[tuple[int, str]] = []
+    worst: list[int] = []
+    errors: list[BaseException] = []
+    rounds = 40
+
+    def work(worker_id: int) -> None:
+        db = connect()
+        try:
+            for r in range(rounds):
+                barrier.wait()
+                jobs = _claim(db, worker_id, 10)
+                holding = _holding(db, "gpu")
+                with lock:
+                    worst.append(holding)
+                    started.extend((r, j.channel) for j in jobs)
+                barrier.wait()
+                fairqueue.finish(db, worker_id, [Outcome(j.id) for j in jobs])
+        except BaseException as e:
+            errors.append(e)
+            barrier.abort()
+            raise
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert max(worst) <= cap
+    counts = Counter(c for _, c in started)
+    assert counts == {"acme": 45, "globex": 45, "initech": 90}
+    # full speed: initech's 90 jobs went out in the first rounds (30 slots per round)
+    assert max(r for r, c in started if c == "initech") <= 5
+    # while both floods waited, each round's slots went to them in turns
+    both = [c for r, c in started if c != "initech" and r < 25]
+    shares = Counter(both)
+    assert abs(shares["acme"] - shares["globex"]) <= cap, shares
+    _assert_limits_consistent(conn)
+
+
+def test_a_rate_limit_lets_through_its_burst_then_one_per_token(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_limit(conn, "mail", rate_limit="1/s", burst=2)
+    _enqueue(conn, "acme", 5, ["mail"])
+    assert len(_claim(conn, worker, 10)) == 2
+    assert _claim(conn, worker, 10) == []
+    due = conn.execute("SELECT fairqueue.next_due()").fetchone()
+    assert due is not None and 0 < due[0] <= 1.0  # the next token, not a busy loop
+    # the bucket refills while time passes (moved back here, instead of sleeping): 2 more, its burst
+    conn.execute("UPDATE fairqueue.shared_limit SET tokens_at = tokens_at - interval '10 seconds', due_at = now()")
+    assert len(_claim(conn, worker, 10)) == 2
+    _assert_limits_consistent(conn)
+
+
+def test_a_job_with_two_limits_takes_both_slots_at_once(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_limit(conn, "a", max_concurrency=1)
+    fairqueue.configure_limit(conn, "b", max_concurrency=1)
+    fairqueue.enqueue(conn, "both", channel="c1", limits=["b", "a"])
+    fairqueue.enqueue(conn, "only-b", channel="c2", limits=["b"])
+    fairqueue.enqueue(conn, "only-a", channel="c3", limits=["a"])
+    [both] = _claim(conn, worker, 10)
+    assert both.kind == "both"
+    assert (_held(conn, "a"), _held(conn, "b")) == (1, 1)
+    _assert_limits_consistent(conn)
+    fairqueue.finish(conn, worker, [Outcome(both.id)])
+    assert sorted(j.kind for j in _claim(conn, worker, 10)) == ["only-a", "only-b"]
+    _assert_limits_consistent(conn)
+
+
+def test_retries_cancels_lost_workers_and_operator_retries_give_slots_back(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    first = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"], max_attempts=2)
+    waiting = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    [job] = _claim(conn, worker, 5)
+    assert job.id == first
+    # a job waiting for the limit can be cancelled
+    assert fairqueue.cancel(conn, waiting) == "cancelled"
+    # a failure with a retry gives the slot back; the retry waits its turn for it again
+    fairqueue.finish(conn, worker, [Outcome(first, "failed", error="boom", retry_in=0)])
+    assert _held(conn, "api") == 0
+    [again] = _claim(conn, worker, 5)
+    assert again.id == first and _held(conn, "api") == 1
+    # a worker that dies: its job is lost (out of attempts) and the slot comes back
+    conn.execute("UPDATE fairqueue.worker SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (worker,))
+    assert conn.execute("SELECT fairqueue.recover_expired_workers()").fetchone() == (1,)
+    assert _held(conn, "api") == 0
+    # an operator's retry keeps the job's limits
+    assert fairqueue.retry(conn, first) == "retried"
+    other = fairqueue.register_worker(conn, "other", lease_seconds=300)
+    queued = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    assert [j.id for j in _claim(conn, other, 5)] == [first] and _held(conn, "api") == 1
+    # a second slot: the job waiting gets it (ready), ahead of one enqueued after it
+    later = fairqueue.enqueue(conn, "k", channel="globex", limits=["api"])
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    conn.execute("SELECT fairqueue.promote_due_jobs()")
+    assert _held(conn, "api") == 2
+    assert conn.execute("SELECT job_id FROM fairqueue.limit_waiting").fetchall() == [(later,)]
+    # a ready job that is cancelled gives its slot back, and the job waiting gets it
+    assert fairqueue.cancel(conn, queued) == "cancelled"
+    assert _held(conn, "api") == 1
+    _assert_limits_consistent(conn)
+    assert [j.id for j in _claim(conn, other, 5)] == [later]
+    _assert_limits_consistent(conn)
+
+
+def test_a_limit_raised_hands_its_new_slots_out(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    _enqueue(conn, "acme", 5, ["api"])
+    assert len(_claim(conn, worker, 10)) == 1
+    fairqueue.configure_limit(conn, "api", max_concurrency=3)
+    assert len(_claim(conn, worker, 10)) == 2
+    fairqueue.configure_limit(conn, "api")  # no cap at all
+    assert len(_claim(conn, worker, 10)) == 2
+    _assert_limits_consistent(conn)
+
+
+def test_limits_on_tasks_and_specs(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+
+    @fairqueue.task(name="tests.limited", limits=["api"])
+    def limited() -> None: ...
+
+    limited.enqueue(conn)
+    limited.using(limits=[]).enqueue(conn)  # this one without
+    assert fairqueue.get_job(conn, fairqueue.enqueue_many(conn, [limited.spec()])[0]) is not None
+    assert len(_claim(conn, worker, 10)) == 2  # one with the limit, and the one without
+    rows = conn.execute("SELECT limits FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [(["api"],), (None,), (["api"],)]
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        (["nope"], "shared limit 'nope' is not configured"),
+        ("api", "limits must be a list of shared limit names"),
+        ([f"l{i}" for i in range(9)], "at most 8 shared limits"),
+        ([""], "limit name must be 1 to 200 characters long"),
+        (["a\nb"], "limit name must not contain control characters"),
+        ([3], "limit name must be a string"),
+    ],
+)
+def test_bad_limits_are_refused_and_nothing_is_written(
+    conn: psycopg.Connection[Any], limits: Any, message: str
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    with (
+        pytest.raises(InvalidJobError, match=message)
+        if message != "shared limit 'nope' is not configured"
+        else (pytest.raises(psycopg.errors.InvalidParameterValue, match=message))
+    ):
+        fairqueue.enqueue(conn, "k", channel="acme", limits=limits)
+    assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be a whole number of at least 1"),
+        ({"rate_limit": "fast"}, "is not understood"),
+        ({"burst": 3}, "burst only applies together with a rate_limit"),
+        ({"name": ""}, "limit name must be 1 to 200 characters long"),
+    ],
+)
+def test_bad_limit_settings_are_refused(conn: psycopg.Connection[Any], settings: dict[str, Any], message: str) -> None:
+    name = settings.pop("name", "api")
+    with pytest.raises(InvalidChannelConfigError, match=message):
+        fairqueue.configure_limit(conn, name, **settings)
+    assert conn.execute("SELECT count(*) FROM fairqueue.shared_limit").fetchone() == (0,)
+
+
+def test_a_job_that_waited_for_one_limit_takes_its_other_limits_slot_when_it_goes(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "a", max_concurrency=1)
+    fairqueue.configure_limit(conn, "b", max_concurrency=2)
+    first = fairqueue.enqueue(conn, "only-a", channel="c1", limits=["a"])
+    assert [j.id for j in _claim(conn, worker, 5)] == [first]
+    both = fairqueue.enqueue(conn, "both", channel="c2", limits=["a", "b"])
+    assert _claim(conn, worker, 5) == []  # it waits for a
+    fairqueue.finish(conn, worker, [Outcome(first)])
+    assert [j.id for j in _claim(conn, worker, 5)] == [both]
+    assert (_held(conn, "a"), _held(conn, "b")) == (1, 1)
+    _enqueue(conn, "c3", 3, ["b"])
+    assert len(_claim(conn, worker, 5)) == 1  # b has one slot left
+    _assert_limits_consistent(conn)
+
+
+def test_a_new_job_does_not_take_a_free_slot_ahead_of_the_jobs_waiting_for_it(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    first = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    [job] = _claim(conn, worker, 5)
+    waiting = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    assert _claim(conn, worker, 5) == []
+    fairqueue.finish(conn, worker, [Outcome(first)])
+    # The slot is free and no intake has handed it out yet (another claim's intake held the limit's
+    # row at that moment, say): a job enqueued now must not take it ahead of the one waiting.
+    conn.execute("UPDATE fairqueue.shared_limit SET due_at = NULL")
+    newcomer = fairqueue.enqueue(conn, "k", channel="globex", limits=["api"])
+    order = [j.id for _ in range(3) for j in _claim(conn, worker, 5)]
+    assert order[0] == waiting and newcomer not in order
+    _assert_limits_consistent(conn)
+    assert job.id == first

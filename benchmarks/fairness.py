@@ -27,11 +27,21 @@
    between her enqueue and her start (target: p95 <= 1, though her own tenant floods her).
 
     python -m benchmarks.fairness --only two-levels     # just the third scenario
+4. A shared limit (fairqueue only; --only shared-limit). "acme" and "globex" keep a backlog of jobs
+   that use the shared limit "api" (--limit slots at once), "initech" a backlog of jobs without it.
+   Reported: jobs started per tenant per second, Jain's index of acme's and globex's rates (target
+   >= 0.99: the two floods share the limit's slots), the most jobs seen holding the limit (sampled
+   every 20 ms from shared_limit.held, and checked exactly by the tests: target <= --limit), and
+   initech's rate against the same fleet running initech alone for the same time (target >= 0.9:
+   the tenant without the limit runs at full speed).
+
+    python -m benchmarks.fairness --only shared-limit --limit 8
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
@@ -264,6 +274,101 @@ def two_levels(run: Run, args: Any) -> dict[str, Any]:
     }
 
 
+def _limited_jobs(channel: str, n: int) -> list[fairqueue.JobSpec]:
+    limits = None if channel == "initech" else ["api"]
+    return [fairqueue.JobSpec(noop.name, channel=channel, limits=limits) for _ in range(n)]
+
+
+def _limit_run(run: Run, args: Any, tenants: list[str]) -> tuple[dict[str, float], int]:
+    """One run of scenario 4 with these tenants kept backlogged: (jobs started per tenant per second,
+    the most jobs seen holding the limit)."""
+    system = Fairqueue(args.processes, args.concurrency, args.batch)
+    url = run.database("fq_fairness")
+    system.setup(url)
+    per_tenant = args.backlog // len(TENANTS)
+    with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as probe:
+        fairqueue.configure_limit(conn, "api", max_concurrency=args.limit)
+        for tenant in tenants:
+            fairqueue.enqueue_many(conn, _limited_jobs(tenant, per_tenant))
+
+        def add(channel: str, n: int) -> None:
+            with conn.transaction():
+                fairqueue.enqueue_many(conn, _limited_jobs(channel, n))
+
+        most = [0]
+        stop = [False]
+
+        def sample() -> None:
+            while not stop[0]:
+                row = probe.execute("SELECT held FROM fairqueue.shared_limit WHERE name = 'api'").fetchone()
+                most[0] = max(most[0], int(row[0]) if row else 0)
+                time.sleep(0.02)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        workers = system.start(url)
+        sampler.start()
+        try:
+            t0 = now(conn)
+            pace.keep_backlogged(
+                lambda: dict(conn.execute(system.queued_by_channel_sql).fetchall()),
+                add,
+                tenants,
+                seconds=args.seconds,
+                backlog=per_tenant,
+                low=per_tenant * 6 // 10,
+                start_at=time.time() + 0.2,
+            )
+            t1 = now(conn)
+        finally:
+            stop[0] = True
+            workers.stop()
+            sampler.join()
+        counts: dict[str, int] = dict(
+            conn.execute(
+                "SELECT channel, count(*) FROM fairqueue.completed_job "
+                "WHERE started_at >= %s + interval '1 second' AND started_at < %s GROUP BY channel",
+                (t0, t1),
+            ).fetchall()
+        )
+    seconds = (t1 - t0).total_seconds() - 1
+    return {c: counts.get(c, 0) / seconds for c in tenants}, most[0]
+
+
+def shared_limit(run: Run, args: Any) -> dict[str, Any]:
+    """Scenario 4: two tenants flood a shared limit, a third runs without it (and alone, for comparison)."""
+    alone, _ = _limit_run(run, args, ["initech"])
+    rates, most = _limit_run(run, args, list(TENANTS))
+    index = jain([rates["acme"], rates["globex"]])
+    full_speed = rates["initech"] / alone["initech"] if alone["initech"] else 0.0
+    return {
+        "system": Fairqueue(args.processes, args.concurrency, args.batch).label,
+        "limit": args.limit,
+        "per_tenant_per_s": {c: round(r, 1) for c, r in rates.items()},
+        "initech_alone_per_s": round(alone["initech"], 1),
+        "jain_limited": index,
+        "most_holding": most,
+        "initech_vs_alone": full_speed,
+        "target_met": {"jain": index >= 0.99, "cap": most <= args.limit, "full_speed": full_speed >= 0.9},
+    }
+
+
+def shared_limit_table(r: dict[str, Any], args: Any) -> list[str]:
+    rates = r["per_tenant_per_s"]
+    met = r["target_met"]
+    return [
+        f"A shared limit, for {args.seconds:g} s: acme and globex keep a backlog of jobs that use the shared limit "
+        f'"api" ({r["limit"]} at once); initech keeps a backlog of jobs without it. {r["system"]}:',
+        "",
+        "| acme / globex started (with the limit) | Jain's index of the two | target >= 0.99 | most holding the "
+        "limit (sampled) | target <= the limit | initech started / alone | target >= 0.9 |",
+        "|---|---:|---|---:|---|---|---|",
+        f"| {rates['acme']:,.1f} / {rates['globex']:,.1f} jobs/s | {r['jain_limited']:.4f} | "
+        f"{target_cell('fairqueue', met['jain'])} | {r['most_holding']} | {target_cell('fairqueue', met['cap'])} | "
+        f"{rates['initech']:,.1f} / {r['initech_alone_per_s']:,.1f} jobs/s ({r['initech_vs_alone']:.2f}) | "
+        f"{target_cell('fairqueue', met['full_speed'])} |",
+    ]
+
+
 def two_levels_table(r: dict[str, Any], args: Any) -> list[str]:
     rates = r["per_tenant_per_s"]
     w = r["alice_wait_ms"]
@@ -324,10 +429,17 @@ def main() -> None:
     p.add_argument("--backlog", type=int, help="jobs kept queued: Bob's, or shared by the channels (default 5,000)")
     p.add_argument("--channels", type=int, default=10, help="equally loaded channels (default 10)")
     worker_options(p, concurrency=10, batch=10)
-    p.add_argument("--only", choices=["two-levels"], help="run only this scenario (fairqueue alone)")
+    p.add_argument("--only", choices=["two-levels", "shared-limit"], help="run only this scenario (fairqueue alone)")
+    p.add_argument("--limit", type=int, default=8, help="slots of the shared limit of scenario 4 (default 8)")
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.backlog = args.backlog or (2_000 if args.quick else 5_000)
+    if args.only == "shared-limit":
+        with session("fairness", args) as run:
+            r = shared_limit(run, args)
+            print(f"shared limit: {r['per_tenant_per_s']} Jain {r['jain_limited']:.4f} most {r['most_holding']}")
+            run.finish({"shared_limit": r}, "A shared limit across tenants", shared_limit_table(r, args))
+        return
     if args.only == "two-levels":
         with session("fairness", args) as run:
             r = two_levels(run, args)

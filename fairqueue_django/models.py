@@ -88,6 +88,7 @@ class ScheduledJob(ReadOnlyModel):
     channel = models.TextField()
     run_at = models.DateTimeField()
     attempt = models.IntegerField()
+    placed = models.BooleanField()  # only its shared limits' slots are left to get
 
     class Meta:
         managed = False
@@ -132,6 +133,15 @@ class BigIntArrayField(models.Field):
 
     def db_type(self, connection: Any) -> str:
         return "bigint[]"
+
+
+class TextArrayField(models.Field):
+    """A ``text[]`` column, read as a list of strings (as BigIntArrayField, without contrib.postgres)."""
+
+    description = "list of strings"
+
+    def db_type(self, connection: Any) -> str:
+        return "text[]"
 
 
 class SubqueryCount(Subquery):
@@ -209,6 +219,7 @@ class Job(ReadOnlyModel):
     priority = models.SmallIntegerField(default=0)  # within its channel, higher first
     trace_context = models.JSONField(null=True)
     fair_key = models.TextField("fair key", null=True)  # takes turns by it within its channel
+    limits = TextArrayField("shared limits", null=True)  # the shared limits it counts against
 
     objects: ClassVar[Any] = QueueManager.from_queryset(JobQuerySet)()
 
@@ -256,6 +267,7 @@ class CompletedJob(ReadOnlyModel):
     finished_at = models.DateTimeField()
     priority = models.SmallIntegerField(default=0)
     fair_key = models.TextField("fair key", null=True)
+    limits = TextArrayField("shared limits", null=True)
 
     class Meta:
         managed = False

@@ -61,6 +61,14 @@ class Fleet:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.logs.glob("worker-*.log")))
 
     def stop(self) -> list[int]:
+        # A worker still importing has no SIGTERM handler yet, and would die of the signal (-15): under
+        # load, a second worker can still be starting when the first has run every job. Wait (bounded)
+        # for each to say it started, by its log, before signalling.
+        deadline = time.monotonic() + 30
+        for i, p in enumerate(self.procs):
+            log = self.logs / f"worker-{i}.log"
+            while p.poll() is None and time.monotonic() < deadline and b"worker started" not in log.read_bytes():
+                time.sleep(0.05)
         for p in self.alive():
             p.send_signal(signal.SIGTERM)
         return [p.wait(30) for p in self.procs]

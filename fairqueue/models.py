@@ -331,6 +331,21 @@ class LimitTurn(Base):
     vtime: Mapped[float] = mapped_column(Double, server_default=text("0"))
 
 
+class LimitRelease(Base):
+    """Slots of a shared limit given back by jobs that ended, not yet taken off ``SharedLimit.held``
+    (a finish only inserts here; the next intake holding the limit's row subtracts them)."""
+
+    __tablename__ = "limit_release"
+    __table_args__ = (
+        Index("limit_release_limit_idx", "limit_name", "id"),
+        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0, "autovacuum_vacuum_threshold": 200}},
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
+    limit_name: Mapped[str] = mapped_column(Text)
+    n: Mapped[int] = mapped_column(Integer)
+
+
 class Worker(Base):
     __tablename__ = "worker"
 

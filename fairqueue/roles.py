@@ -65,6 +65,7 @@ READABLE_TABLES = (
     "shared_limit",
     "limit_waiting",
     "limit_turn",
+    "limit_release",
     "worker",
     "completed_job",
     "periodic_schedule",

@@ -106,14 +106,18 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert not miscounted, f"fair keys whose running count is wrong (channel, key, counted, running): {miscounted}"
 
-    # a shared limit's slots are held exactly by its jobs that are ready or running
+    # a shared limit's slots are held exactly by its jobs that are ready or running, once the slots
+    # given back and not yet taken off (limit_release) are
     limits = conn.execute(
         """
-        SELECT l.name, l.held, count(r.job_id)
-        FROM fairqueue.shared_limit l
+        SELECT l.name, l.held - l.given, count(r.job_id)
+        FROM (SELECT s.name, s.held,
+                     coalesce((SELECT sum(g.n) FROM fairqueue.limit_release g WHERE g.limit_name = s.name), 0) AS given
+              FROM fairqueue.shared_limit s) AS l
         LEFT JOIN fairqueue.job j ON l.name = ANY (j.limits)
         LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
-        GROUP BY l.name, l.held HAVING l.held <> count(r.job_id)
+        GROUP BY l.name, l.held, l.given
+        HAVING l.held - l.given <> count(r.job_id)
         """
     ).fetchall()
     assert not limits, f"shared limits whose slots are miscounted (name, held, holding): {limits}"

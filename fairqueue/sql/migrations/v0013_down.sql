@@ -44,7 +44,9 @@ DROP FUNCTION fairqueue._open_limits(timestamptz);
 DROP FUNCTION fairqueue._release_limits(text[], timestamptz);
 DROP FUNCTION fairqueue._wait_for_limit(bigint, text, text, integer, smallint, timestamptz);
 DROP FUNCTION fairqueue._limit_tokens(fairqueue.shared_limit, timestamptz);
+DROP FUNCTION fairqueue._apply_releases(text[]);
 
+DROP TABLE fairqueue.limit_release;
 DROP TABLE fairqueue.limit_turn;
 DROP TABLE fairqueue.limit_waiting;
 DROP TABLE fairqueue.shared_limit;

@@ -83,6 +83,13 @@ CREATE TABLE fairqueue.limit_turn (
 );
 CREATE INDEX limit_turn_order_idx ON fairqueue.limit_turn (limit_name, vtime, channel);
 
+CREATE TABLE fairqueue.limit_release (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    limit_name  text NOT NULL,
+    n           integer NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
+CREATE INDEX limit_release_limit_idx ON fairqueue.limit_release (limit_name, id);
+
 -- Roles that can read channel (fairqueue grant) can read the limits; those that can configure a
 -- channel can configure a limit.
 DO $grants$
@@ -95,8 +102,8 @@ BEGIN
         WHERE c.oid = 'fairqueue.channel'::regclass AND a.privilege_type = 'SELECT'
           AND a.grantee <> c.relowner AND a.grantee <> 0
     LOOP
-        EXECUTE format('GRANT SELECT ON fairqueue.shared_limit, fairqueue.limit_waiting, fairqueue.limit_turn TO %s',
-                       v_role);
+        EXECUTE format('GRANT SELECT ON fairqueue.shared_limit, fairqueue.limit_waiting, fairqueue.limit_turn, '
+                       'fairqueue.limit_release TO %s', v_role);
     END LOOP;
 END $grants$;
 
@@ -200,6 +207,19 @@ BEGIN
     PERFORM pg_notify('fairqueue', '');
 END $$;
 
+CREATE FUNCTION fairqueue._apply_releases(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH given AS (
+        DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
+        RETURNING r.limit_name, r.n
+    )
+    UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
+    FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
+    WHERE l.name = g.limit_name;
+END $$;
+
 CREATE FUNCTION fairqueue._limit_tokens(p_limit fairqueue.shared_limit, p_now timestamptz)
 RETURNS double precision
 LANGUAGE sql IMMUTABLE AS $$
@@ -245,6 +265,9 @@ BEGIN
         VALUES (p_job_id, p_channel, p_now + interval '20 milliseconds', p_attempt, true);
         RETURN NULL;
     END IF;
+    IF (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_limits) LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._apply_releases(p_limits);
+    END IF;
     SELECT l.name INTO v_block
     FROM fairqueue.shared_limit l
     WHERE l.name = ANY (p_limits)
@@ -284,11 +307,14 @@ DECLARE
     v_given   integer := 0;
 BEGIN
     FOR v_name IN
-        SELECT name FROM fairqueue.shared_limit WHERE due_at <= p_now ORDER BY due_at LIMIT 100
+        SELECT d.name FROM (SELECT name FROM fairqueue.shared_limit WHERE due_at <= p_now ORDER BY due_at LIMIT 100) AS d
+        UNION
+        SELECT r.limit_name FROM (SELECT limit_name FROM fairqueue.limit_release ORDER BY id LIMIT 1000) AS r
     LOOP
-        SELECT * INTO v_lim FROM fairqueue.shared_limit
-        WHERE name = v_name AND due_at <= p_now FOR NO KEY UPDATE SKIP LOCKED;
+        SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name FOR NO KEY UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        PERFORM fairqueue._apply_releases(ARRAY[v_name]);
+        SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name;
         v_tokens := fairqueue._limit_tokens(v_lim, p_now);
         v_stop := NULL;
         LOOP
@@ -335,6 +361,7 @@ BEGIN
                     v_stop := 'busy';
                     EXIT;
                 END IF;
+                PERFORM fairqueue._apply_releases(v_others);
                 SELECT l.name INTO v_other FROM fairqueue.shared_limit l
                 WHERE l.name = ANY (v_others)
                   AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
@@ -384,19 +411,9 @@ BEGIN
     IF p_names IS NULL OR cardinality(p_names) = 0 THEN
         RETURN;
     END IF;
-    UPDATE fairqueue.shared_limit l
-    SET held = greatest(l.held - g.n, 0)
-    FROM (SELECT s.name, count(*)::integer AS n
-          FROM (SELECT name FROM fairqueue.shared_limit WHERE name = ANY (p_names) ORDER BY name
-                FOR NO KEY UPDATE) AS s
-          JOIN unnest(p_names) AS u(name) ON u.name = s.name
-          GROUP BY s.name) AS g
-    WHERE l.name = g.name;
-    -- A new statement: it sees a job put in a line by an intake that held the row before us.
-    UPDATE fairqueue.shared_limit l SET due_at = least(coalesce(l.due_at, p_now), p_now)
-    WHERE l.name = ANY (p_names)
-      AND EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name);
-    IF FOUND THEN
+    INSERT INTO fairqueue.limit_release (limit_name, n)
+    SELECT u.name, count(*)::integer FROM unnest(p_names) AS u(name) GROUP BY u.name ORDER BY u.name;
+    IF (SELECT t.limit_name FROM fairqueue.limit_turn t WHERE t.limit_name = ANY (p_names) LIMIT 1) IS NOT NULL THEN
         PERFORM pg_notify('fairqueue', '');
     END IF;
 END $$;
@@ -1054,7 +1071,8 @@ BEGIN
     INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
 
     -- Free slots of shared limits go to the jobs waiting for them first, then to the jobs due now.
-    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now THEN
+    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now
+       OR (SELECT id FROM fairqueue.limit_release ORDER BY id LIMIT 1) IS NOT NULL THEN
         v_made := fairqueue._open_limits(p_now);
     END IF;
     IF v_gate IS NOT NULL THEN
@@ -1198,7 +1216,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
        OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
        OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now)
-       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now) THEN
+       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.limit_release) THEN
         PERFORM fairqueue._intake(v_now);
         PERFORM pg_notify('fairqueue', '');
     END IF;
@@ -1295,13 +1314,14 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    -- Four index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Five index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
     IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
            ORDER BY throttled_until LIMIT 1) <= v_now
-       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now THEN
+       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now
+       OR (SELECT id FROM fairqueue.limit_release ORDER BY id LIMIT 1) IS NOT NULL THEN
         PERFORM fairqueue._intake(v_now);
     END IF;
     v_workers := greatest(v_workers, 1);
@@ -1545,6 +1565,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
         -- a channel that can run something now: claim again soon (its jobs may be in flight)
         WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
               ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        -- slots of shared limits given back, which the next claim hands to the jobs waiting
+        WHEN (SELECT r.id FROM fairqueue.limit_release r ORDER BY r.id LIMIT 1) IS NOT NULL THEN 0
         ELSE extract(epoch FROM least(
             (SELECT min(run_at) FROM fairqueue.scheduled_job),
             (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL),
@@ -1858,7 +1880,7 @@ END $$;
 REVOKE EXECUTE ON FUNCTION fairqueue.enqueue, fairqueue.enqueue_many, fairqueue.configure_channel, fairqueue._take_keyed,
     fairqueue._release_slots, fairqueue._release_key_slots, fairqueue._check_limits, fairqueue.configure_limit,
     fairqueue._limit_tokens, fairqueue._wait_for_limit, fairqueue._gate, fairqueue._open_limits,
-    fairqueue._release_limits FROM PUBLIC;
+    fairqueue._release_limits, fairqueue._apply_releases FROM PUBLIC;
 DO $$
 DECLARE
     v_grant record;

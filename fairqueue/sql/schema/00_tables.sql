@@ -278,6 +278,17 @@ CREATE TABLE fairqueue.limit_turn (
 );
 CREATE INDEX limit_turn_order_idx ON fairqueue.limit_turn (limit_name, vtime, channel);
 
+-- Slots of shared limits given back by jobs that ended, not yet taken off shared_limit.held: a finish
+-- only inserts here (it would otherwise wait for the limit's row, which a claim's intake holds until
+-- it commits), and the next transaction that holds the limit's row subtracts them (schema/
+-- 37_shared_limits.sql). Until then held counts more than hold a slot, never fewer.
+CREATE TABLE fairqueue.limit_release (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    limit_name  text NOT NULL,
+    n           integer NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
+CREATE INDEX limit_release_limit_idx ON fairqueue.limit_release (limit_name, id);
+
 -- A worker process. Its lease is extended by heartbeats; when it expires, the maintenance role
 -- re-runs the worker's jobs (schema/50_workers.sql). Jobs refer to workers by id, without a foreign
 -- key, so removing a worker never rewrites job rows.

@@ -64,7 +64,8 @@ BEGIN
     INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
 
     -- Free slots of shared limits go to the jobs waiting for them first, then to the jobs due now.
-    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now THEN
+    IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now
+       OR (SELECT id FROM fairqueue.limit_release ORDER BY id LIMIT 1) IS NOT NULL THEN
         v_made := fairqueue._open_limits(p_now);
     END IF;
     IF v_gate IS NOT NULL THEN
@@ -260,7 +261,8 @@ BEGIN
     IF EXISTS (SELECT 1 FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor())
        OR EXISTS (SELECT 1 FROM fairqueue.scheduled_job WHERE run_at <= v_now)
        OR EXISTS (SELECT 1 FROM fairqueue.channel WHERE throttled_until <= v_now)
-       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now) THEN
+       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE due_at <= v_now)
+       OR EXISTS (SELECT 1 FROM fairqueue.limit_release) THEN
         PERFORM fairqueue._intake(v_now);
         PERFORM pg_notify('fairqueue', '');
     END IF;

@@ -186,13 +186,14 @@ BEGIN
             USING ERRCODE = 'FQ001';
     END IF;
 
-    -- Four index probes (first entry of each index) decide whether the intake has anything to do.
+    -- Five index probes (first entry of each index) decide whether the intake has anything to do.
     -- Written as ORDER BY ... LIMIT 1 so they cannot become scans over a queue table's dead pages.
     IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
        OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= v_now
        OR (SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
            ORDER BY throttled_until LIMIT 1) <= v_now
-       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now THEN
+       OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now
+       OR (SELECT id FROM fairqueue.limit_release ORDER BY id LIMIT 1) IS NOT NULL THEN
         PERFORM fairqueue._intake(v_now);
     END IF;
     v_workers := greatest(v_workers, 1);
@@ -439,6 +440,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
         -- a channel that can run something now: claim again soon (its jobs may be in flight)
         WHEN (SELECT c.name FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= fairqueue._vtime_floor()
               ORDER BY c.vtime, c.served_at, c.name LIMIT 1) IS NOT NULL THEN 0
+        -- slots of shared limits given back, which the next claim hands to the jobs waiting
+        WHEN (SELECT r.id FROM fairqueue.limit_release r ORDER BY r.id LIMIT 1) IS NOT NULL THEN 0
         ELSE extract(epoch FROM least(
             (SELECT min(run_at) FROM fairqueue.scheduled_job),
             (SELECT min(throttled_until) FROM fairqueue.channel WHERE throttled_until IS NOT NULL),

@@ -13,9 +13,10 @@
 -- does not take every slot while another channel's jobs wait.
 --
 -- Locks: an intake never waits for a limit's row (a row another transaction holds sends the job
--- back to scheduled_job for the next intake); a finish giving slots back waits for the rows, in
--- name order, after its channel and key rows. So a finish never waits for an intake that waits for
--- it.
+-- back to scheduled_job for the next intake), and holds the rows it locked until its claim commits;
+-- a finish giving slots back does not wait for them at all: it inserts into limit_release, and the
+-- next intake that holds the limit's row takes the slots off `held` (until then `held` counts more
+-- jobs than hold a slot, never fewer, so the cap holds).
 
 -- Sets every setting of a shared limit, creating it if needed (fairqueue.configure_limit checks the
 -- values first; the table's constraints are the last line). New settings may free slots: the next
@@ -51,6 +52,20 @@ BEGIN
                          THEN clock_timestamp() ELSE l.tokens_at END,
         due_at = clock_timestamp();
     PERFORM pg_notify('fairqueue', '');
+END $$;
+
+-- Takes the slots given back (limit_release) off the held count of limits whose rows the caller holds.
+CREATE FUNCTION fairqueue._apply_releases(p_names text[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    WITH given AS (
+        DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
+        RETURNING r.limit_name, r.n
+    )
+    UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
+    FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
+    WHERE l.name = g.limit_name;
 END $$;
 
 -- A shared limit's tokens at p_now (NULL without a rate limit): the bucket refilled since tokens_at.
@@ -108,6 +123,9 @@ BEGIN
         VALUES (p_job_id, p_channel, p_now + interval '20 milliseconds', p_attempt, true);
         RETURN NULL;
     END IF;
+    IF (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_limits) LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._apply_releases(p_limits);
+    END IF;
     SELECT l.name INTO v_block
     FROM fairqueue.shared_limit l
     WHERE l.name = ANY (p_limits)
@@ -130,8 +148,8 @@ BEGIN
     RETURN p_channel;
 END $$;
 
--- Hands the free slots of shared limits that are due (shared_limit.due_at) to the jobs waiting for
--- them, and makes those jobs ready: one slot at a time, to the waiting channel with the lowest vtime
+-- Hands the free slots of shared limits that are due (shared_limit.due_at, or slots given back in
+-- limit_release) to the jobs waiting for them, and makes those jobs ready: one slot at a time, to the waiting channel with the lowest vtime
 -- in the limit's line (each slot adds 1 to it), that channel's jobs by priority, then enqueue order.
 -- A job that uses other limits too takes their slots at the same moment, or moves to the line of
 -- the first one that has none. Limits another transaction holds are skipped (their due_at stays).
@@ -153,11 +171,14 @@ DECLARE
     v_given   integer := 0;
 BEGIN
     FOR v_name IN
-        SELECT name FROM fairqueue.shared_limit WHERE due_at <= p_now ORDER BY due_at LIMIT 100
+        SELECT d.name FROM (SELECT name FROM fairqueue.shared_limit WHERE due_at <= p_now ORDER BY due_at LIMIT 100) AS d
+        UNION
+        SELECT r.limit_name FROM (SELECT limit_name FROM fairqueue.limit_release ORDER BY id LIMIT 1000) AS r
     LOOP
-        SELECT * INTO v_lim FROM fairqueue.shared_limit
-        WHERE name = v_name AND due_at <= p_now FOR NO KEY UPDATE SKIP LOCKED;
+        SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name FOR NO KEY UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
+        PERFORM fairqueue._apply_releases(ARRAY[v_name]);
+        SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name;
         v_tokens := fairqueue._limit_tokens(v_lim, p_now);
         v_stop := NULL;
         LOOP
@@ -204,6 +225,7 @@ BEGIN
                     v_stop := 'busy';
                     EXIT;
                 END IF;
+                PERFORM fairqueue._apply_releases(v_others);
                 SELECT l.name INTO v_other FROM fairqueue.shared_limit l
                 WHERE l.name = ANY (v_others)
                   AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
@@ -247,8 +269,8 @@ BEGIN
 END $$;
 
 -- Gives back the slots of shared limits held by jobs that ended or went back to wait for a retry:
--- p_names holds each limit once per job. Waits for the limits' rows, in name order. A limit with jobs
--- waiting is due again, and the workers are told.
+-- p_names holds each limit once per job. Inserts only (limit_release): the next claim's intake takes
+-- them off the limits' held counts and hands them to the jobs waiting. Workers are told if jobs wait.
 CREATE FUNCTION fairqueue._release_limits(p_names text[], p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -256,19 +278,9 @@ BEGIN
     IF p_names IS NULL OR cardinality(p_names) = 0 THEN
         RETURN;
     END IF;
-    UPDATE fairqueue.shared_limit l
-    SET held = greatest(l.held - g.n, 0)
-    FROM (SELECT s.name, count(*)::integer AS n
-          FROM (SELECT name FROM fairqueue.shared_limit WHERE name = ANY (p_names) ORDER BY name
-                FOR NO KEY UPDATE) AS s
-          JOIN unnest(p_names) AS u(name) ON u.name = s.name
-          GROUP BY s.name) AS g
-    WHERE l.name = g.name;
-    -- A new statement: it sees a job put in a line by an intake that held the row before us.
-    UPDATE fairqueue.shared_limit l SET due_at = least(coalesce(l.due_at, p_now), p_now)
-    WHERE l.name = ANY (p_names)
-      AND EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name);
-    IF FOUND THEN
+    INSERT INTO fairqueue.limit_release (limit_name, n)
+    SELECT u.name, count(*)::integer FROM unnest(p_names) AS u(name) GROUP BY u.name ORDER BY u.name;
+    IF (SELECT t.limit_name FROM fairqueue.limit_turn t WHERE t.limit_name = ANY (p_names) LIMIT 1) IS NOT NULL THEN
         PERFORM pg_notify('fairqueue', '');
     END IF;
 END $$;

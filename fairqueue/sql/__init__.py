@@ -85,6 +85,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0011", "channel_active", "held snapshots: producers read channel_active, claims scan from a floor"),
     Revision("fq0012", "fair_keys", "fair keys: turns within a channel's turn"),
     Revision("fq0013", "limits", "a cap per fair key; shared limits"),
+    Revision("fq0014", "claim_order", "a claim never serves a channel whose turn moved under it"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

@@ -101,3 +101,22 @@ def test_row_costs_counts_each_systems_writes(server_url: str, tmp_path: Path) -
     # every system moves each job out of its queue once, whatever else it writes
     assert all(r["row_ops_per_job"] >= 2 and r["wal_bytes_per_job"] > 0 for r in runs)
     assert by_system["loop"]["tables"]["public.bench_done"]["inserted"] == 300
+
+
+def test_revision_ab_alternates_a_function_only_revision_and_refuses_the_others(
+    server_url: str, tmp_path: Path
+) -> None:
+    args = ["--revision", "fq0014", "--jobs", "3000", "--channels", "20", "--batch", "10", "--blocks", "2"]
+    data = _bench("revision_ab", server_url, tmp_path, *args, "--rounds", "5")
+    results = data["results"]
+    assert results["revision"] == "fq0014" and results["claims_per_version"] == 10
+    assert set(results["claim_ms_p50"]) == {"before", "after"} and results["ratio_p50"] > 0
+    command = [sys.executable, "-m", "benchmarks.revision_ab", "--database-url", server_url, "--no-doc"]
+    refused = subprocess.run(
+        [*command, "--revision", "fq0013"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0 and "fq0013 changes more than functions" in refused.stderr

@@ -227,6 +227,14 @@ BEGIN
                    END AS tokens_now
             FROM fairqueue.channel c
             WHERE c.eligible AND c.vtime >= v_floor AND c.name <> ALL (v_skip)
+              -- A channel whose place in the fair order moved since this statement's snapshot is
+              -- skipped as if still held. The rows are put in order as the snapshot sees them, but
+              -- a row that a claim charged and committed in the meantime is locked in its new
+              -- version, and only this WHERE clause is checked again on it (not the order): the
+              -- subquery still reads the snapshot's vtime, so a moved channel fails here, and the
+              -- next one in order is taken instead. Without it, two claims starting together could
+              -- both serve the channel that was first, one turn twice and the next one not at all.
+              AND c.vtime = (SELECT s.vtime FROM fairqueue.channel s WHERE s.name = c.name)
             ORDER BY c.vtime, c.served_at, c.name
             LIMIT v_spread
             FOR NO KEY UPDATE SKIP LOCKED

@@ -202,6 +202,10 @@ def _psycopg_connection(db: object) -> psycopg.Connection[Any]:
     return raw
 
 
+#: bulk_enqueue's COPY path has no column for shared limits yet: such jobs are refused, not run unlimited
+_NO_LIMITS = "bulk_enqueue does not take shared limits (limits=): enqueue these jobs with enqueue_many"
+
+
 def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -> list[_Checked]:
     """enqueue_many's checks, job by job (mappings are read directly rather than through JobSpec);
     ``start`` numbers the jobs in error messages."""
@@ -214,6 +218,8 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     raise InvalidJobError(f"unknown field(s) {sorted(set(spec) - fields)}")
                 if "kind" not in spec:
                     raise InvalidJobError("kind is required")
+                if spec.get("limits") is not None:
+                    raise InvalidJobError(_NO_LIMITS)
                 get = spec.get
                 job = _check(
                     spec["kind"],
@@ -230,6 +236,8 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     get("fair_key"),
                 )
             elif isinstance(spec, JobSpec):
+                if spec.limits is not None:
+                    raise InvalidJobError(_NO_LIMITS)
                 job = _check(
                     spec.kind,
                     spec.args,

@@ -112,6 +112,23 @@ def _dependencies_exist(ids: set[int]) -> Steps[None]:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
 
 
+def _limits_exist(jobs: list[_Checked], *, numbered: bool) -> Steps[None]:
+    """Refuses a shared limit name that is not configured, before anything is written (one read, only
+    when some job has limits); the enqueue functions would refuse it too, but by aborting the caller's
+    transaction."""
+    names = sorted({name for job in jobs for name in (job.limits or ())})
+    if not names:
+        return
+    found = {row[0] for row in (yield Q.existing_limits, {"names": names})}
+    for i, job in enumerate(jobs):
+        missing = [name for name in job.limits or () if name not in found]
+        if missing:
+            where = f"job #{i}: " if numbered else ""
+            raise InvalidJobError(
+                f"{where}shared limit {missing[0]!r} is not configured (see fairqueue.configure_limit)"
+            )
+
+
 def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
     run(ex, _dependencies_exist(ids))
 
@@ -260,6 +277,7 @@ def _enqueue(
     )
     if job.after:
         yield from _dependencies_exist(set(job.after))
+    yield from _limits_exist([job], numbered=False)
     [(job_id, created)] = yield (
         Q.enqueue,
         (
@@ -339,6 +357,7 @@ def _enqueue_many(checked: list[_Checked]) -> Steps[list[tuple[int, bool]]]:
     if not checked:
         return []
     yield from _dependencies_exist({d for job in checked for d in (job.after or ())})
+    yield from _limits_exist(checked, numbered=True)
 
     def column(values: list[Any]) -> list[Any] | None:
         return None if all(v is None for v in values) else values

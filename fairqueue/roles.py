@@ -29,7 +29,15 @@ from fairqueue.sql import Q
 
 Level = Literal["producer", "worker", "admin"]
 
-_PRODUCER = ("enqueue", "enqueue_many", "existing_job_ids", "begin_bulk_run", "enqueue_batch", "finish_bulk_run")
+_PRODUCER = (
+    "enqueue",
+    "enqueue_many",
+    "existing_job_ids",
+    "existing_limits",
+    "begin_bulk_run",
+    "enqueue_batch",
+    "finish_bulk_run",
+)
 _WORKER = (
     *_PRODUCER,
     "register_worker",

@@ -86,6 +86,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0012", "fair_keys", "fair keys: turns within a channel's turn"),
     Revision("fq0013", "limits", "a cap per fair key; shared limits"),
     Revision("fq0014", "claim_order", "a claim never serves a channel whose turn moved under it"),
+    Revision("fq0015", "limit_names", "producers check shared limit names before writing anything"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

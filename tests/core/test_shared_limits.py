@@ -275,12 +275,19 @@ def test_bad_limits_are_refused_and_nothing_is_written(
     conn: psycopg.Connection[Any], limits: Any, message: str
 ) -> None:
     fairqueue.configure_limit(conn, "api", max_concurrency=1)
-    with (
-        pytest.raises(InvalidJobError, match=message)
-        if message != "shared limit 'nope' is not configured"
-        else (pytest.raises(psycopg.errors.InvalidParameterValue, match=message))
-    ):
+    with pytest.raises(InvalidJobError, match=message):  # checked in Python (and the names read) first
         fairqueue.enqueue(conn, "k", channel="acme", limits=limits)
+    assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
+
+
+def test_the_enqueue_functions_still_refuse_a_limit_that_is_not_configured(conn: psycopg.Connection[Any]) -> None:
+    """The Python API reads the names first (existing_limits, fq0015); the SQL functions called
+    directly keep refusing an unknown name, and write nothing."""
+    message = "shared limit 'nope' is not configured"
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        conn.execute("SELECT fairqueue.enqueue('k', p_channel => 'acme', p_limits => ARRAY['nope'])")
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        conn.execute("SELECT fairqueue.enqueue_many(ARRAY['k', 'k'], p_limits => ARRAY[NULL, '[\"nope\"]']::jsonb[])")
     assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
 
 

@@ -26,6 +26,10 @@ SELECT fairqueue.configure_limit(%s, %s::integer, %s, %s::double precision, %s::
 -- Which of the given ids exist, live or finished (for validating `after=` before writing anything).
 SELECT fairqueue.existing_job_ids(%(ids)s::bigint[])
 
+-- name: existing_limits
+-- Which of the given names are configured shared limits (for validating `limits=` before writing anything).
+SELECT fairqueue.existing_limits(%(names)s::text[])
+
 -- name: configure_channel
 -- Sets every setting of a channel (creating its row if needed).
 SELECT fairqueue.configure_channel(%s, %s::integer, %s, %s::double precision, %s::double precision,

@@ -424,3 +424,14 @@ AS $$
     UNION
     SELECT job_id FROM fairqueue.completed_job WHERE job_id = ANY (p_ids) AND final
 $$;
+
+-- Which of the given names are configured shared limits: a producer checks `limits=` with it before
+-- writing anything, so an unknown name is the caller's error and its transaction goes on
+-- (_check_limits, in the enqueue functions, stays the last line).
+CREATE FUNCTION fairqueue.existing_limits(p_names text[])
+RETURNS SETOF text
+LANGUAGE sql STABLE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT name FROM fairqueue.shared_limit WHERE name = ANY (p_names)
+$$;

@@ -1,0 +1,67 @@
+"""limits= on every caller kind (see conftest.py): enqueue and enqueue_many store a job's shared limits
+with the caller's transaction (the async API's counterparts do the same), and the job waits for its
+limit's slot like any other; a limit that is not configured, or a bad list, raises InvalidJobError
+before anything is written and leaves the caller's transaction usable; bulk_enqueue, whose COPY path
+has no column for limits, refuses them rather than run the jobs unlimited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fairqueue
+from tests.conformance.conftest import ORDERS, Caller
+from tests.helpers import assert_consistent, count
+
+
+def test_every_producer_call_stores_the_limits_at_commit(caller: Caller) -> None:
+    fairqueue.configure_limit(caller.conn, "stripe-api", max_concurrency=1)
+    fairqueue.configure_limit(caller.conn, "mailer", rate_limit="100/s")
+    with caller.transaction() as tx:
+        one = tx.fq.enqueue(tx.db, "one", channel="acme", limits=["stripe-api"])
+        both, free = tx.fq.enqueue_many(
+            tx.db,
+            [
+                {"kind": "many", "channel": "globex", "limits": ["mailer", "stripe-api"]},
+                fairqueue.JobSpec("many", channel="globex"),
+            ],
+        )
+        assert count(caller.conn, "job") == 0  # not before the caller commits
+        tx.commit()
+    rows = caller.conn.execute("SELECT id, limits FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [(one, ["stripe-api"]), (both, ["mailer", "stripe-api"]), (free, None)]  # names sorted
+    # the limits hold for these jobs as for any: stripe-api has one slot, so one of its two jobs runs
+    worker = fairqueue.register_worker(caller.conn, "w", lease_seconds=60)
+    claimed = {j.id for j in fairqueue.claim_batch(caller.conn, worker, 10)}
+    assert free in claimed and len(claimed & {one, both}) == 1 and len(claimed) == 2
+    assert_consistent(caller.conn)
+
+
+BAD_LIMIT_CALLS: dict[str, Any] = {
+    "enqueue": lambda fq, db: fq.enqueue(db, "k", limits=["nope"]),
+    "enqueue_many": lambda fq, db: fq.enqueue_many(
+        db, [{"kind": "k", "limits": ["api"]}, {"kind": "k", "limits": ["nope"]}]
+    ),
+    "enqueue_many_type": lambda fq, db: fq.enqueue_many(db, [{"kind": "k"}, {"kind": "k", "limits": "api"}]),
+    "bulk_enqueue": lambda fq, db: fq.bulk_enqueue(db, [{"kind": "k"}, {"kind": "k", "limits": ["api"]}]),
+}
+MESSAGES = {
+    "enqueue": r"^shared limit 'nope' is not configured \(see fairqueue.configure_limit\)$",
+    "enqueue_many": r"^job #1: shared limit 'nope' is not configured",
+    "enqueue_many_type": r"^job #1: limits must be a list of shared limit names",
+    "bulk_enqueue": r"^job #1: bulk_enqueue does not take shared limits \(limits=\): enqueue these jobs with",
+}
+
+
+@pytest.mark.parametrize("operation", list(BAD_LIMIT_CALLS))
+def test_a_bad_limit_writes_nothing_and_the_transaction_goes_on(caller: Caller, operation: str) -> None:
+    fairqueue.configure_limit(caller.conn, "api", max_concurrency=2)
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('before')")
+        with pytest.raises(fairqueue.InvalidJobError, match=MESSAGES[operation]):
+            BAD_LIMIT_CALLS[operation](tx.fq, tx.db)
+        assert count(caller.conn, "job") == 0
+        tx.fq.enqueue(tx.db, "k", limits=["api"])  # the caller's transaction is still usable
+        tx.commit()
+    assert caller.orders() == 1 and count(caller.conn, "job") == 1

@@ -83,27 +83,34 @@ READABLE_TABLES = (
 
 
 def statements(
-    level: str, role: str, *, revoke: bool = False, tables: tuple[str, ...] = READABLE_TABLES
+    level: str,
+    role: str,
+    *,
+    revoke: bool = False,
+    tables: tuple[str, ...] = READABLE_TABLES,
+    functions: tuple[str, ...] | None = None,
 ) -> list[sql.Composed]:
     """The GRANT (or REVOKE) statements that give ``role`` the rights of ``level`` (reading ``tables``,
-    by default every table of the current schema)."""
+    by default every table of the current schema; executing ``functions``, by default every function
+    of the level)."""
     if level not in FUNCTIONS:
         raise ConfigurationError(f"level must be one of {sorted(FUNCTIONS)}, got {level!r}")
     if not role or len(role) > 63:
         raise ConfigurationError("the role name must have 1 to 63 characters")
     who = sql.Identifier(role)
-    functions = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in FUNCTIONS[level])
+    names = FUNCTIONS[level] if functions is None else tuple(f for f in FUNCTIONS[level] if f in functions)
+    executable = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in names)
     readable = sql.SQL(", ").join(sql.Identifier("fairqueue", name) for name in tables)
     if revoke:
         return [
-            sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(functions, who),
+            *([sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM {}").format(executable, who)] if names else []),
             *([sql.SQL("REVOKE SELECT ON {} FROM {}").format(readable, who)] if tables else []),
             sql.SQL("REVOKE USAGE ON SCHEMA fairqueue FROM {}").format(who),
         ]
     return [
         sql.SQL("GRANT USAGE ON SCHEMA fairqueue TO {}").format(who),
         *([sql.SQL("GRANT SELECT ON {} TO {}").format(readable, who)] if tables else []),
-        sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(functions, who),
+        *([sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(executable, who)] if names else []),
     ]
 
 
@@ -125,7 +132,16 @@ def grant(conn: psycopg.Connection[Any], level: str, role: str, *, revoke: bool 
     # a database at an older revision lacks the newer tables; the migration that adds one grants it
     # to the roles that can read channel
     row = conn.execute(Q.existing_tables, (list(READABLE_TABLES),)).fetchone()
-    composed = statements(level, role, revoke=revoke, tables=tuple(row[0] if row and row[0] else ()))
+    # and the newer functions: the migration that adds one grants it to the roles that could run its
+    # older siblings (existing_limits: those that could run existing_job_ids)
+    found = conn.execute(Q.existing_functions, (list(FUNCTIONS[level]),)).fetchone()
+    composed = statements(
+        level,
+        role,
+        revoke=revoke,
+        tables=tuple(row[0] if row and row[0] else ()),
+        functions=tuple(found[0] if found and found[0] else ()),
+    )
     done = []
     for statement in composed:
         conn.execute(statement)

@@ -27,6 +27,12 @@ SELECT 1 FROM pg_roles WHERE rolname = %s
 SELECT array_agg(t ORDER BY o) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, o)
 WHERE to_regclass(format('fairqueue.%%I', t)) IS NOT NULL
 
+-- name: existing_functions
+-- Which of the given functions of the fairqueue schema the database has (one installed at an older
+-- revision lacks the newer ones; each name is one function, whatever its arguments).
+SELECT array_agg(f ORDER BY o) FROM unnest(%s::text[]) WITH ORDINALITY AS u(f, o)
+WHERE EXISTS (SELECT 1 FROM pg_proc p WHERE p.proname = u.f AND p.pronamespace = to_regnamespace('fairqueue'))
+
 -- name: may_grant
 -- Whether the connected role may grant fairqueue's rights (it owns the schema, is a member of its
 -- owner, or is a superuser), and the owner's name. No row: fairqueue is not installed. PostgreSQL lets

@@ -333,7 +333,8 @@ class LimitTurn(Base):
 
 class LimitRelease(Base):
     """Slots of a shared limit given back by jobs that ended, not yet taken off ``SharedLimit.held``
-    (a finish only inserts here; the next intake holding the limit's row subtracts them)."""
+    (a finish only inserts here; the next intake holding the limit's row subtracts them), and jobs
+    to put in the limit's line (``job_id``), left by an intake that found the limit's row held."""
 
     __tablename__ = "limit_release"
     __table_args__ = (
@@ -344,6 +345,9 @@ class LimitRelease(Base):
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     limit_name: Mapped[str] = mapped_column(Text)
     n: Mapped[int] = mapped_column(Integer)
+    # with n = 0: put this job (in scheduled_job at this attempt) in the limit's line
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    attempt: Mapped[int | None] = mapped_column(Integer)
 
 
 class Worker(Base):

@@ -343,3 +343,28 @@ def test_a_new_job_does_not_take_a_free_slot_ahead_of_the_jobs_waiting_for_it(
     assert order[0] == waiting and newcomer not in order
     _assert_limits_consistent(conn)
     assert job.id == first
+
+
+def test_a_job_whose_limit_is_held_elsewhere_joins_the_line_at_the_next_intake(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """An intake that finds a job's limit row held by another transaction (another claim's intake,
+    until that claim commits) neither waits nor leaves the job to be gated again later: it asks
+    (a row of limit_release naming the job) whoever holds the row next to put the job in the line,
+    and the first claim after the row is free runs it. A job cancelled meanwhile leaves nothing."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    other = connect()
+    with other.transaction():
+        other.execute("SELECT 1 FROM fairqueue.shared_limit WHERE name = 'api' FOR NO KEY UPDATE")
+        job = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+        gone = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+        assert _claim(conn, worker, 5) == []  # the intake did not wait for the row
+        asked = conn.execute("SELECT job_id, n FROM fairqueue.limit_release ORDER BY job_id").fetchall()
+        assert asked == [(job, 0), (gone, 0)]
+        assert fairqueue.cancel(conn, gone) == "cancelled"
+    # the row is free: the next claim puts the job in the line and hands it the slot (its run_at, the
+    # fallback, is a second away)
+    assert [j.id for j in _claim(conn, worker, 5)] == [job]
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_release").fetchone() == (0,)
+    assert _held(conn, "api") == 1
+    _assert_limits_consistent(conn)

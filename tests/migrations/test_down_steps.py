@@ -52,6 +52,7 @@ def test_each_down_step_drops_what_dropped_by_says(empty_database_url: str) -> N
         "fq0011",
         "fq0012",
         "fq0013",
+        "fq0016",
     ]
 
 

@@ -54,18 +54,40 @@ BEGIN
     PERFORM pg_notify('fairqueue', '');
 END $$;
 
--- Takes the slots given back (limit_release) off the held count of limits whose rows the caller holds.
+-- Takes the slots given back (limit_release) off the held count of limits whose rows the caller
+-- holds, and puts the jobs left for them (limit_release.job_id) in their lines: each such job is taken
+-- out of scheduled_job if it is still there at that attempt (an intake may have gated it since, or it
+-- may have been cancelled: then there is nothing to do).
 CREATE FUNCTION fairqueue._apply_releases(p_names text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := clock_timestamp();
+    v_job  record;
 BEGIN
-    WITH given AS (
-        DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
-        RETURNING r.limit_name, r.n
-    )
-    UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
-    FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
-    WHERE l.name = g.limit_name;
+    FOR v_job IN
+        WITH given AS (
+            DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
+            RETURNING r.limit_name, r.n, r.job_id, r.attempt
+        ),
+        held AS (
+            UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
+            FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
+            WHERE l.name = g.limit_name AND g.n > 0
+        ),
+        left_jobs AS (
+            DELETE FROM fairqueue.scheduled_job s
+            USING given g
+            WHERE g.job_id IS NOT NULL AND s.job_id = g.job_id AND s.attempt = g.attempt AND s.placed
+            RETURNING s.job_id, s.channel, s.attempt, g.limit_name
+        )
+        SELECT l.job_id, l.channel, l.attempt, l.limit_name, j.priority
+        FROM left_jobs l CROSS JOIN LATERAL (SELECT priority FROM fairqueue.job WHERE id = l.job_id LIMIT 1) AS j
+        ORDER BY l.job_id
+    LOOP
+        PERFORM fairqueue._wait_for_limit(v_job.job_id, v_job.limit_name, v_job.channel, v_job.attempt,
+                                          -v_job.priority, v_now);
+    END LOOP;
 END $$;
 
 -- A shared limit's tokens at p_now (NULL without a rate limit): the bucket refilled since tokens_at.
@@ -119,8 +141,15 @@ BEGIN
     IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (p_limits)
                               ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
        < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (p_limits)) THEN
+        -- Another transaction holds one of the rows (usually another claim's intake, until its claim
+        -- commits). The job stays in scheduled_job, and a row of limit_release asks the next
+        -- transaction that holds its first limit's row to put it in that line (_apply_releases):
+        -- no wait, and no gating it again and again while the rows are busy. The run_at is the
+        -- fallback, should that row stay held for long (a configure_limit in an open transaction).
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
-        VALUES (p_job_id, p_channel, p_now + interval '20 milliseconds', p_attempt, true);
+        VALUES (p_job_id, p_channel, p_now + interval '1 second', p_attempt, true);
+        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt)
+        VALUES (p_limits[1], 0, p_job_id, p_attempt);
         RETURN NULL;
     END IF;
     IF (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_limits) LIMIT 1) IS NOT NULL THEN

@@ -12,8 +12,9 @@
 -- _open_limits, the channels in turn (limit_turn): one channel's flood of jobs that use the limit
 -- does not take every slot while another channel's jobs wait.
 --
--- Locks: an intake never waits for a limit's row (a row another transaction holds sends the job
--- back to scheduled_job for the next intake), and holds the rows it locked until its claim commits;
+-- Locks: an intake never waits for a limit's row (a row another transaction holds leaves the job in
+-- scheduled_job, and a row of limit_release asks the next holder of the limit's row to put it in the
+-- line), and holds the rows it locked until its claim commits;
 -- a finish giving slots back does not wait for them at all: it inserts into limit_release, and the
 -- next intake that holds the limit's row takes the slots off `held` (until then `held` counts more
 -- jobs than hold a slot, never fewer, so the cap holds).
@@ -129,8 +130,8 @@ END $$;
 -- Makes a job ready if it gets a slot of each of its shared limits (p_limits), or puts it in the line
 -- of the first limit that has none to give (or has jobs waiting already: no job jumps the line).
 -- Called by the intake only. It never waits: if another transaction holds one of the limits' rows,
--- the job goes back to scheduled_job, placed, for the next intake. Returns the channel if the job
--- became ready.
+-- the job stays in scheduled_job, placed, and limit_release asks the next holder of its first limit's
+-- row to put it in that line (fq0016). Returns the channel if the job became ready.
 CREATE FUNCTION fairqueue._gate(p_job_id bigint, p_channel text, p_attempt integer, p_now timestamptz,
                                 p_priority smallint, p_fair_key text, p_limits text[])
 RETURNS text

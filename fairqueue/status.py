@@ -108,6 +108,37 @@ def describe_keys(keys: dict[str, Any]) -> str:
     return shown
 
 
+def collect_limits(db: object) -> list[dict[str, Any]]:
+    """The shared limits by name: settings, jobs holding a slot, jobs waiting in the limit's line."""
+    return [
+        {
+            "name": name,
+            "max_concurrency": cap,
+            "rate_limit": rate,
+            "burst": burst_number(burst),
+            "holding": int(holding),
+            "waiting": int(waiting),
+        }
+        for name, cap, rate, burst, holding, waiting in executor_for(db).rows(Q.status_limits)
+    ]
+
+
+def render_limits(limits: Sequence[dict[str, Any]]) -> list[str]:
+    headers = ["LIMIT", "CAP", "RATE", "BURST", "HOLDING", "WAITING"]
+    rows = [
+        [
+            lim["name"],
+            _cell(lim["max_concurrency"]),
+            _cell(lim["rate_limit"]),
+            str(burst_number(lim["burst"])) if lim["rate_limit"] else _EMPTY,
+            str(lim["holding"]),
+            str(lim["waiting"]),
+        ]
+        for lim in limits
+    ]
+    return table(headers, rows, right=(1, 3, 4, 5))
+
+
 def channel_totals(channels: Sequence[dict[str, Any]]) -> dict[str, int]:
     return {key: sum(int(c[key]) for c in channels) for key in ("ready", "scheduled", "running")}
 
@@ -198,6 +229,7 @@ def collect_status(db: object, since_hours: float, failures: int) -> dict[str, A
         "maintenance": maintenance,
         "failures": failed,
         "periodic": collect_periodic(db),
+        "limits": collect_limits(ex),
     }
 
 
@@ -437,4 +469,6 @@ def render_status(data: dict[str, Any]) -> str:
         "PERIODIC SCHEDULES",
         *render_periodic(data["periodic"]),
     ]
+    if data["limits"]:  # only where shared limits are configured
+        out += ["", "SHARED LIMITS", *render_limits(data["limits"])]
     return "\n".join(out)

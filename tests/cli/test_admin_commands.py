@@ -477,6 +477,36 @@ def test_status_of_an_empty_queue(cli: Run) -> None:
     assert "(no channels)" in out and "(no workers)" in out and "(none)" in out
 
 
+def test_status_shows_the_shared_limits_and_counts_the_jobs_in_their_lines(
+    cli: Run, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    code, out, _ = cli("status")
+    assert code == 0 and "SHARED LIMITS" not in out  # the section only where limits are configured
+    fairqueue.configure_limit(conn, "stripe-api", max_concurrency=1)
+    fairqueue.configure_limit(conn, "mailer", rate_limit="10/s", burst=2)
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("k", channel="acme", limits=["stripe-api"])] * 3)
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 1  # one slot: one runs, two wait in its line
+    waiting = fairqueue.enqueue(conn, "k", channel="globex", limits=["stripe-api"])
+    conn.execute("SELECT fairqueue.promote_due_jobs()")  # the intake puts it in the line
+    info = fairqueue.get_job(conn, waiting)
+    assert info is not None and (info.status, info.attempt) == ("waiting", 0)
+
+    code, out, err = cli("status")
+    assert (code, err) == (0, "")
+    assert "jobs: 0 ready, 0 scheduled, 3 waiting, 1 running;" in out
+    lines = out.splitlines()
+    at = lines.index("SHARED LIMITS")
+    assert lines[at + 1].split() == ["LIMIT", "CAP", "RATE", "BURST", "HOLDING", "WAITING"]
+    assert lines[at + 2].split() == ["mailer", "-", "10/s", "2", "0", "0"]
+    assert lines[at + 3].split() == ["stripe-api", "1", "-", "-", "1", "3"]
+
+    limits = json.loads(cli("status", "--json")[1])["limits"]
+    assert limits == [
+        {"name": "mailer", "max_concurrency": None, "rate_limit": "10/s", "burst": 2, "holding": 0, "waiting": 0},
+        {"name": "stripe-api", "max_concurrency": 1, "rate_limit": None, "burst": 1, "holding": 1, "waiting": 3},
+    ]
+
+
 def test_status_shows_each_channels_busiest_fair_keys(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.enqueue(conn, "k", channel="solo", fair_key="only")
     [claimed] = fairqueue.claim_batch(conn, worker, 1)

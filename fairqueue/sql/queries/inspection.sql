@@ -1,7 +1,8 @@
 -- Reading jobs and channels (fairqueue/inspection.py).
 
 -- name: job_state
--- Where a job is now, and every finished attempt of it, in one statement: one snapshot, so a job
+-- Where a job is now ('waiting': for its FIFO key, or in a shared limit's line), and every finished
+-- attempt of it, in one statement: one snapshot, so a job
 -- polled while it retries never shows as running with that attempt's error already listed. Exactly
 -- one branch of the state matches a live job; a finished job has its latest final row (a job retried
 -- by an operator after it ended has one final row per time it ended); started_at is the start of the
@@ -15,14 +16,16 @@ WITH state (id, kind, channel, args, max_attempts, created_at, status, attempt, 
            CASE WHEN r.worker_id IS NOT NULL THEN 'running'
                 WHEN r.job_id IS NOT NULL THEN 'ready'
                 WHEN d.job_id IS NOT NULL THEN 'blocked'
-                WHEN f.job_id IS NOT NULL THEN 'waiting'
+                WHEN f.job_id IS NOT NULL OR lw.job_id IS NOT NULL THEN 'waiting'
                 ELSE 'scheduled' END,
-           coalesce(r.attempt, s.attempt, 0), r.worker_id, s.run_at, NULL::text, NULL::text, NULL::timestamptz,
+           coalesce(r.attempt, s.attempt, lw.attempt, 0), r.worker_id, s.run_at, NULL::text, NULL::text,
+           NULL::timestamptz,
            CASE WHEN r.worker_id IS NOT NULL THEN r.started_at END, j.priority, j.run_at, j.fair_key
     FROM fairqueue.job j
     LEFT JOIN fairqueue.running_job r ON r.job_id = j.id
     LEFT JOIN fairqueue.scheduled_job s ON s.job_id = j.id
     LEFT JOIN fairqueue.fifo_waiting f ON f.job_id = j.id
+    LEFT JOIN fairqueue.limit_waiting lw ON lw.job_id = j.id
     LEFT JOIN LATERAL (SELECT job_id FROM fairqueue.job_dependency WHERE job_id = j.id LIMIT 1) d ON true
     WHERE j.id = %(id)s
     UNION ALL

@@ -60,10 +60,20 @@ WHERE place <= %(top)s
 ORDER BY channel, place
 
 -- name: status_snapshot
--- The snapshot's time, and live jobs held back by a FIFO key or unfinished dependencies (they are in
--- no channel's counts above).
+-- The snapshot's time, and live jobs held back by a FIFO key, unfinished dependencies or a shared
+-- limit without a slot for them (they are in no channel's counts above).
 SELECT now(),
        (SELECT count(*) FROM fairqueue.fifo_waiting) + (SELECT count(DISTINCT job_id) FROM fairqueue.job_dependency)
+       + (SELECT count(*) FROM fairqueue.limit_waiting)
+
+-- name: status_limits
+-- Per shared limit: its settings, the jobs holding a slot (held, less the slots given back that no
+-- intake has taken off yet) and the jobs in its line.
+SELECT l.name, l.max_concurrency, l.rate_limit, l.rate_burst,
+       l.held - coalesce((SELECT sum(r.n) FROM fairqueue.limit_release r WHERE r.limit_name = l.name), 0),
+       (SELECT count(*) FROM fairqueue.limit_waiting w WHERE w.limit_name = l.name)
+FROM fairqueue.shared_limit l
+ORDER BY l.name
 
 -- name: status_workers
 -- Workers with their lease and the jobs they hold (one pass over running_job). info is what the

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from django.db import models
-from django.db.models import Case, Exists, OuterRef, Subquery, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
 from fairqueue.outcomes import HISTORY_OUTCOMES
@@ -122,6 +122,21 @@ class FifoWaiting(ReadOnlyModel):
         default_permissions = ()
 
 
+class LimitWaiting(ReadOnlyModel):
+    """A job in a shared limit's line: it waits for a slot (schema/37_shared_limits.sql)."""
+
+    job_id = models.BigIntegerField(primary_key=True)
+    limit_name = models.TextField()
+    channel = models.TextField()
+    attempt = models.IntegerField()
+    rank = models.SmallIntegerField()
+
+    class Meta:
+        managed = False
+        db_table = _table("limit_waiting")
+        default_permissions = ()
+
+
 # -- jobs ----------------------------------------------------------------------------------------------
 
 
@@ -164,6 +179,7 @@ def live_status(job_id: Any) -> Case:
         When(Exists(running), then=Value("ready")),
         When(Exists(JobDependency.objects.filter(job_id=job_id)), then=Value("blocked")),
         When(Exists(FifoWaiting.objects.filter(job_id=job_id)), then=Value("waiting")),
+        When(Exists(LimitWaiting.objects.filter(job_id=job_id)), then=Value("waiting")),
         default=Value("scheduled"),
         output_field=models.TextField(),
     )
@@ -176,10 +192,14 @@ class JobQuerySet(models.QuerySet):
         primary-key probes per job, only for the rows fetched."""
         running = RunningJob.objects.filter(job_id=OuterRef("id"))
         scheduled = ScheduledJob.objects.filter(job_id=OuterRef("id"))
+        in_line = LimitWaiting.objects.filter(job_id=OuterRef("id"))
         return self.annotate(
             status=live_status(OuterRef("id")),
             attempt=Coalesce(
-                Subquery(running.values("attempt")[:1]), Subquery(scheduled.values("attempt")[:1]), Value(0)
+                Subquery(running.values("attempt")[:1]),
+                Subquery(scheduled.values("attempt")[:1]),
+                Subquery(in_line.values("attempt")[:1]),
+                Value(0),
             ),
             worker_id=Subquery(running.values("worker_id")[:1]),
         )
@@ -196,6 +216,8 @@ class JobQuerySet(models.QuerySet):
         }
         if status not in stage:
             raise ValueError(f"status must be one of {', '.join(JOB_STATUSES)}, not {status!r}")
+        if status == "waiting":  # for a FIFO key, or in a shared limit's line
+            return self.filter(Exists(stage[status]) | Exists(LimitWaiting.objects.filter(job_id=ref)))
         return self.filter(Exists(stage[status]))
 
 
@@ -379,6 +401,66 @@ class Worker(ReadOnlyModel):
 
     def __str__(self) -> str:
         return f"worker {self.id} ({visible(self.name)})"
+
+
+class SharedLimitQuerySet(models.QuerySet):
+    def with_counts(self) -> Any:
+        """Annotates ``holding`` (jobs holding a slot: ``held`` less the slots given back that no intake
+        has taken off yet) and ``waiting`` (jobs in the limit's line), as ``fairqueue status`` counts."""
+        given_back = (
+            LimitRelease.objects.filter(limit_name=OuterRef("name"))
+            .order_by()
+            .values("limit_name")
+            .annotate(total=models.Sum("n"))
+            .values("total")
+        )
+        return self.annotate(
+            holding=F("held") - Coalesce(Subquery(given_back), Value(0)),
+            waiting=_count(LimitWaiting.objects.filter(limit_name=OuterRef("name"))),
+        )
+
+
+class SharedLimit(ReadOnlyModel):
+    """A resource that jobs of every channel use (an external API, a mail relay): a cap and a rate limit
+    across every worker. Change it with :func:`fairqueue.configure_limit`."""
+
+    name = models.TextField(primary_key=True)
+    max_concurrency = models.IntegerField(null=True)
+    rate_limit = models.TextField(null=True)
+    rate_per_second = models.FloatField(null=True)
+    rate_burst = models.FloatField()
+    tokens = models.FloatField()
+    tokens_at = models.DateTimeField()
+    held = models.IntegerField()  # jobs holding a slot, ready or running (see holding)
+    due_at = models.DateTimeField(null=True)
+    created_at = models.DateTimeField()
+
+    objects: ClassVar[Any] = QueueManager.from_queryset(SharedLimitQuerySet)()
+
+    class Meta:
+        managed = False
+        db_table = _table("shared_limit")
+        default_permissions = ("view",)
+        verbose_name = "shared limit"
+
+    def __str__(self) -> str:
+        return f"shared limit {visible(self.name)}"
+
+
+class LimitRelease(ReadOnlyModel):
+    """Slots given back to a shared limit that no intake has taken off its held count yet (n), and jobs
+    left to be put in its line (job_id, with n = 0)."""
+
+    id = models.BigIntegerField(primary_key=True)
+    limit_name = models.TextField()
+    n = models.IntegerField()
+    job_id = models.BigIntegerField(null=True)
+    attempt = models.IntegerField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = _table("limit_release")
+        default_permissions = ()
 
 
 class PeriodicScheduleQuerySet(models.QuerySet):

@@ -1,4 +1,5 @@
-"""fairqueue in Django's admin: live jobs, job history, channels, workers and a queue overview.
+"""fairqueue in Django's admin: live jobs, job history, channels, shared limits, workers and a queue
+overview.
 
 Everything is read-only except through fairqueue's own functions: cancel (live jobs), retry (history)
 and channel limits (update_channel, which keeps the settings nobody changed as they are). Those
@@ -12,7 +13,7 @@ to a cap, and filters on kind and channel are typed in rather than listed with a
 millions of rows.
 
 The admin is UI only: what it changes or reads beyond listing its models goes through fairqueue's
-functions. One module per page (jobs, history, channels, workers, periodic, overview), and what they
+functions. One module per page (jobs, history, channels, limits, workers, periodic, overview), and what they
 share (base: the base ModelAdmin and formatting; filters). Django's autodiscovery imports this
 package, which registers every page; the names it had as one module stay importable from it.
 """
@@ -49,6 +50,7 @@ from fairqueue_django.admin.history import (
     parse_attempt_key,
 )
 from fairqueue_django.admin.jobs import CANCEL_TEXTS, JobAdmin
+from fairqueue_django.admin.limits import SharedLimitAdmin
 from fairqueue_django.admin.overview import QueueOverviewAdmin
 from fairqueue_django.admin.periodic import PeriodicScheduleAdmin
 from fairqueue_django.admin.workers import WorkerAdmin
@@ -74,6 +76,7 @@ __all__ = [
     "PeriodicScheduleAdmin",
     "QueueAdmin",
     "QueueOverviewAdmin",
+    "SharedLimitAdmin",
     "TextInputFilter",
     "WorkerAdmin",
     "admin_link",

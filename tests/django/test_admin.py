@@ -1483,3 +1483,25 @@ def test_below_the_admin_level_the_pages_show_but_every_action_is_refused(
     assert q.ready in _live(q.owner) and q.failed not in _live(q.owner)
     assert _channel(q.owner, "tenant-a") == (5, "10/s", 3.0, 2, False)
     assert q.owner.execute("SELECT paused FROM fairqueue.periodic_schedule").fetchone() == (False,)
+
+
+def test_shared_limits_list_their_settings_holders_and_line(login: MakeClient, dj: psycopg.Connection[Any]) -> None:
+    worker = fairqueue.register_worker(dj, "worker-1", lease_seconds=300)
+    fairqueue.configure_limit(dj, "stripe-api", max_concurrency=1)
+    fairqueue.configure_limit(dj, "mailer", rate_limit="10/s", burst=2)
+    ids = [fairqueue_django.enqueue("billing.charge", {}, channel="tenant-a", limits=["stripe-api"]) for _ in range(3)]
+    [running] = fairqueue.claim_batch(dj, worker, 10)  # one slot: one runs, two wait in the line
+    client = login("root", superuser=True)
+    response = client.get(f"{ADMIN}/sharedlimit/")
+    rows = {r.name: (r.max_concurrency, r.rate_limit, r.holding, r.waiting) for r in _rows(response)}
+    assert rows == {"mailer": (None, "10/s", 0, 0), "stripe-api": (1, None, 1, 2)}
+    page = _text(client.get(f"{ADMIN}/sharedlimit/stripe-api/change/"))
+    assert "stripe-api" in page and "waiting in its line" in page.lower()
+    # the jobs in the line are waiting, as fairqueue.get_job says, and the waiting filter finds them
+    statuses = _statuses(client)
+    assert statuses[running.id] == "running"
+    assert sorted(i for i in ids if statuses[i] == "waiting") == sorted(set(ids) - {running.id})
+    assert set(_statuses(client, "?status=waiting")) == set(ids) - {running.id}
+    # nothing to add, change or delete
+    assert client.post(f"{ADMIN}/sharedlimit/add/").status_code == 403
+    assert client.post(f"{ADMIN}/sharedlimit/stripe-api/delete/").status_code == 403

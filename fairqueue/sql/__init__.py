@@ -88,6 +88,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0014", "claim_order", "a claim never serves a channel whose turn moved under it"),
     Revision("fq0015", "limit_names", "producers check shared limit names before writing anything"),
     Revision("fq0016", "limit_inbox", "a job whose limit's row is busy joins the line through limit_release"),
+    Revision("fq0017", "claim_spread", "a claim's share of the busy channels is rounded down"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

@@ -72,3 +72,49 @@ def test_claims_starting_together_serve_each_channel_once_per_round(
     assert wrong == []
     assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
     assert_consistent(conn)
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "fair-keys"])
+def test_two_claims_share_three_busy_channels_equally(
+    connect: Connections, conn: psycopg.Connection[Any], keyed: bool
+) -> None:
+    """Fewer busy channels than slots across the fleet, and not a multiple of the claims: 3 flooded
+    channels, 2 claimers starting each round together. Each claim takes its share of the channels
+    rounded down (one, with a whole batch), and the channel left out is the furthest behind, so it
+    goes first in the next round: every channel gets the same service. (Rounded up, one claim took
+    two channels and the other the third, always the one furthest ahead, with a whole batch: 300
+    against 150 and 150.)"""
+    channels, rounds, claimers = ["tenant-a", "tenant-b", "tenant-c"], 30, 2
+    per_channel = rounds * BATCH * claimers
+    for channel in channels:
+        keys = [f"user-{i}" for i in range(per_channel)] if keyed else [None] * per_channel
+        conn.execute(
+            "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
+            ([channel] * per_channel, [channel] * per_channel, keys),
+        )
+    while conn.execute(
+        "SELECT fairqueue.promote_due_jobs(), EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)"
+    ).fetchone() != (False, False):
+        pass
+    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(claimers)]
+    barrier = threading.Barrier(claimers)
+    taken: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def claim(worker_id: int) -> None:
+        db = connect()
+        for _ in range(rounds):
+            barrier.wait()
+            jobs = fairqueue.claim_batch(db, worker_id, BATCH)
+            with lock:
+                taken.update(j.kind for j in jobs)
+            barrier.wait()
+            fairqueue.finish(db, worker_id, [Outcome(j.id) for j in jobs])
+
+    threads = [threading.Thread(target=claim, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert taken == dict.fromkeys(channels, rounds * BATCH * claimers // len(channels))
+    assert_consistent(conn)

@@ -210,9 +210,14 @@ BEGIN
     -- How many channels this claim takes at most: with fewer busy channels than slots across the
     -- fleet, a claim that locked them all would leave the other workers waiting; so each claim takes
     -- its share of them (several slots each), and concurrent claims work on different channels.
+    -- Rounded down: with 3 busy channels and 2 workers, each claim takes one channel and a whole
+    -- batch, and the third channel, now the furthest behind, goes first in the next claims. Rounded
+    -- up, the first claim took two channels and the second was left the third, the one furthest
+    -- ahead (the first locks in fair order), every time, with a whole batch for it alone: it got
+    -- 1.6x the others (fq0017).
     LOOP
         v_round := v_round + 1;
-        SELECT least(v_left, greatest(1, ceil(count(*)::double precision / v_workers)::integer)) INTO v_spread
+        SELECT least(v_left, greatest(1, floor(count(*)::double precision / v_workers)::integer)) INTO v_spread
         FROM (SELECT 1 FROM fairqueue.channel
               WHERE eligible AND vtime >= v_floor AND name <> ALL (v_skip)
               ORDER BY vtime, served_at, name LIMIT v_left * v_workers) AS e;

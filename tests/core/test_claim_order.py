@@ -29,37 +29,38 @@ ROUNDS = 100
 BATCH = 10
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "fair-keys"])
-def test_claims_starting_together_serve_each_channel_once_per_round(
-    connect: Connections, conn: psycopg.Connection[Any], keyed: bool
-) -> None:
-    """As many channels as claimers, each flooded: every claim of every round takes one channel's
-    next batch, and each channel is served exactly once per round (the one who claims it is free)."""
-    channels = [f"tenant-{i}" for i in range(CLAIMERS)]
-    per_channel = ROUNDS * BATCH
+def _flood(conn: psycopg.Connection[Any], channels: list[str], per_channel: int, *, keyed: bool) -> None:
+    """``per_channel`` jobs in each channel (kind = channel; with ``keyed``, each job its own fair key),
+    every channel and key in turn before the first round: the order is what is under test here."""
     for channel in channels:
         keys = [f"user-{i}" for i in range(per_channel)] if keyed else [None] * per_channel
         conn.execute(
             "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
             ([channel] * per_channel, [channel] * per_channel, keys),
         )
-    # every channel (and key) in turn before the first round: the order is what is under test here
     while conn.execute(
         "SELECT fairqueue.promote_due_jobs(), EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)"
     ).fetchone() != (False, False):
         pass
-    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(CLAIMERS)]
-    barrier = threading.Barrier(CLAIMERS)
-    rounds: list[Counter[str]] = [Counter() for _ in range(ROUNDS)]
+
+
+def _claim_in_rounds(
+    connect: Connections, conn: psycopg.Connection[Any], claimers: int, rounds: int
+) -> list[Counter[str]]:
+    """``claimers`` workers claim a batch each, starting every round together (a barrier), and finish
+    their jobs before the next round: the kinds each round took."""
+    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(claimers)]
+    barrier = threading.Barrier(claimers)
+    taken: list[Counter[str]] = [Counter() for _ in range(rounds)]
     lock = threading.Lock()
 
     def claim(worker_id: int) -> None:
         db = connect()
-        for r in range(ROUNDS):
+        for r in range(rounds):
             barrier.wait()
             jobs = fairqueue.claim_batch(db, worker_id, BATCH)
             with lock:
-                rounds[r].update(j.kind for j in jobs)
+                taken[r].update(j.kind for j in jobs)
             barrier.wait()
             fairqueue.finish(db, worker_id, [Outcome(j.id) for j in jobs])
 
@@ -68,6 +69,18 @@ def test_claims_starting_together_serve_each_channel_once_per_round(
         t.start()
     for t in threads:
         t.join()
+    return taken
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["plain", "fair-keys"])
+def test_claims_starting_together_serve_each_channel_once_per_round(
+    connect: Connections, conn: psycopg.Connection[Any], keyed: bool
+) -> None:
+    """As many channels as claimers, each flooded: every claim of every round takes one channel's
+    next batch, and each channel is served exactly once per round (the one who claims it is free)."""
+    channels = [f"tenant-{i}" for i in range(CLAIMERS)]
+    _flood(conn, channels, ROUNDS * BATCH, keyed=keyed)
+    rounds = _claim_in_rounds(connect, conn, CLAIMERS, ROUNDS)
     wrong = [(r, dict(c)) for r, c in enumerate(rounds) if c != dict.fromkeys(channels, BATCH)]
     assert wrong == []
     assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
@@ -85,36 +98,7 @@ def test_two_claims_share_three_busy_channels_equally(
     two channels and the other the third, always the one furthest ahead, with a whole batch: 300
     against 150 and 150.)"""
     channels, rounds, claimers = ["tenant-a", "tenant-b", "tenant-c"], 30, 2
-    per_channel = rounds * BATCH * claimers
-    for channel in channels:
-        keys = [f"user-{i}" for i in range(per_channel)] if keyed else [None] * per_channel
-        conn.execute(
-            "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
-            ([channel] * per_channel, [channel] * per_channel, keys),
-        )
-    while conn.execute(
-        "SELECT fairqueue.promote_due_jobs(), EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)"
-    ).fetchone() != (False, False):
-        pass
-    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=600) for i in range(claimers)]
-    barrier = threading.Barrier(claimers)
-    taken: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def claim(worker_id: int) -> None:
-        db = connect()
-        for _ in range(rounds):
-            barrier.wait()
-            jobs = fairqueue.claim_batch(db, worker_id, BATCH)
-            with lock:
-                taken.update(j.kind for j in jobs)
-            barrier.wait()
-            fairqueue.finish(db, worker_id, [Outcome(j.id) for j in jobs])
-
-    threads = [threading.Thread(target=claim, args=(w,)) for w in workers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _flood(conn, channels, rounds * BATCH * claimers, keyed=keyed)
+    taken = sum(_claim_in_rounds(connect, conn, claimers, rounds), Counter[str]())
     assert taken == dict.fromkeys(channels, rounds * BATCH * claimers // len(channels))
     assert_consistent(conn)

@@ -1,5 +1,6 @@
-"""The operator's commands: enqueue, status, retry, cancel, grant, periodic (list, pause, resume) and
-channels (list, set). Each opens one connection and does its work in one transaction."""
+"""The operator's commands: enqueue, status, retry, cancel, grant, periodic (list, pause, resume),
+channels (list, set) and limits (list, set). Each opens one connection and does its work in one
+transaction."""
 
 from __future__ import annotations
 
@@ -297,6 +298,33 @@ def _cmd_channels_set(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_limits_list(args: argparse.Namespace) -> int:
+    from fairqueue.status import collect_limits, render_limits
+
+    return _print_listing(args, collect_limits, lambda rows: render_limits(rows) if rows else ["(no shared limits)"])
+
+
+def _cmd_limits_set(args: argparse.Namespace) -> int:
+    from fairqueue.producer import configure_limit
+    from fairqueue.status import collect_limits
+
+    with connect(args) as conn:
+        configure_limit(
+            conn,
+            args.name,
+            max_concurrency=args.max_concurrency,
+            rate_limit=args.rate_limit,
+            burst=1 if args.burst is None else args.burst,
+        )
+        [limit] = [lim for lim in collect_limits(conn) if lim["name"] == args.name]
+    burst = f" burst={limit['burst']:g}" if limit["rate_limit"] else ""
+    print(
+        f"shared limit {args.name}: max_concurrency={limit['max_concurrency'] or '-'} "
+        f"rate_limit={limit['rate_limit'] or '-'}{burst}"
+    )
+    return 0
+
+
 def add_admin_commands(commands: Any) -> None:
     enqueue = commands.add_parser(
         "enqueue",
@@ -481,3 +509,33 @@ def add_admin_commands(commands: Any) -> None:
     pause.add_argument("--pause", dest="paused", action="store_const", const=True, help="stop starting its jobs")
     pause.add_argument("--resume", dest="paused", action="store_const", const=False, help="start its jobs again")
     setting.set_defaults(func=_cmd_channels_set, paused=None)
+
+    limits = commands.add_parser("limits", help="list shared limits or set one")
+    limit_commands = limits.add_subparsers(dest="limits_command", metavar="ACTION", required=True)
+    limit_listing = limit_commands.add_parser(
+        "list",
+        help="the shared limits table of fairqueue status",
+        description="Each shared limit's settings, the jobs holding its slots and the jobs waiting in its line.",
+    )
+    database_url_option(limit_listing)
+    limit_listing.add_argument("--json", action="store_true", help="print the limits as a JSON array")
+    limit_listing.set_defaults(func=_cmd_limits_list)
+    limit_setting = limit_commands.add_parser(
+        "set",
+        help="create a shared limit or set all its settings",
+        description=(
+            "Sets every setting of a shared limit, creating it (as fairqueue.configure_limit does): the "
+            "settings not given return to their defaults (no cap, no rate limit). Jobs name it with "
+            "limits=[NAME]. Prints the resulting settings."
+        ),
+    )
+    database_url_option(limit_setting)
+    limit_setting.add_argument("name", metavar="NAME", help="the shared limit, e.g. stripe-api")
+    limit_setting.add_argument(
+        "--max-concurrency", type=int, metavar="N", help="jobs holding the limit at once, across every worker"
+    )
+    limit_setting.add_argument("--rate-limit", metavar="RATE", help="jobs let through, e.g. 100/s, 600/m")
+    limit_setting.add_argument(
+        "--burst", type=float, metavar="N", help="jobs let through back to back after a quiet spell (with a rate limit)"
+    )
+    limit_setting.set_defaults(func=_cmd_limits_set)

@@ -840,3 +840,50 @@ def test_every_admin_command_has_help(command: list[str], capsys: pytest.Capture
         main([*command, "--help"])
     assert exc.value.code == 0
     assert "--database-url" in capsys.readouterr().out
+
+
+def test_limits_set_creates_and_sets_every_setting_and_list_shows_them(cli: Run, conn: psycopg.Connection[Any]) -> None:
+    code, out, err = cli("limits", "list")
+    assert (code, out.strip(), err) == (0, "(no shared limits)", "")
+    code, out, err = cli(
+        "limits", "set", "stripe-api", "--max-concurrency", "20", "--rate-limit", "100/s", "--burst", "5"
+    )
+    assert (code, err) == (0, "")
+    assert out.strip() == "shared limit stripe-api: max_concurrency=20 rate_limit=100/s burst=5"
+    # jobs may name it now
+    fairqueue.enqueue(conn, "charge", channel="acme", limits=["stripe-api"])
+    # set is every setting: the ones not given return to their defaults
+    code, out, _ = cli("limits", "set", "stripe-api", "--max-concurrency", "2")
+    assert (code, out.strip()) == (0, "shared limit stripe-api: max_concurrency=2 rate_limit=-")
+    code, out, _ = cli("limits", "list")
+    assert code == 0
+    assert [line.split() for line in out.splitlines()] == [
+        ["LIMIT", "CAP", "RATE", "BURST", "HOLDING", "WAITING"],
+        ["stripe-api", "2", "-", "-", "0", "0"],
+    ]
+    code, out, _ = cli("limits", "list", "--json")
+    assert json.loads(out) == [
+        {"name": "stripe-api", "max_concurrency": 2, "rate_limit": None, "burst": 1, "holding": 0, "waiting": 0}
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-concurrency", "0"],
+        ["--rate-limit", "fast"],
+        ["--burst", "3"],  # a burst without a rate limit
+        ["--rate-limit", "1/s", "--burst", "0.5"],
+    ],
+)
+def test_limits_set_rejects_bad_values_and_changes_nothing(
+    cli: Run, conn: psycopg.Connection[Any], argv: list[str]
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=3)
+    code, out, err = cli("limits", "set", "api", *argv)
+    assert (code, out) == (2, "")
+    _one_error_line(err)
+    code, _, _ = cli("limits", "set", "newapi", *argv)
+    assert code == 2
+    rows = conn.execute("SELECT name, max_concurrency, rate_limit FROM fairqueue.shared_limit").fetchall()
+    assert rows == [("api", 3, None)]

@@ -221,6 +221,7 @@ def _scene(conn: psycopg.Connection[Any]) -> Scene:
         "SELECT fairqueue.register_periodic('nightly-report', '0 3 * * *', 'UTC', 't.add', 'default', '{}', 'skip')"
     )
     fairqueue.configure_channel(conn, "acme", max_concurrency=5)
+    fairqueue.configure_limit(conn, "api", max_concurrency=5)
     return Scene(conn, ready, failed)
 
 
@@ -286,10 +287,12 @@ ACTIONS: list[tuple[str, str, Callable[[str, Scene], None]]] = [
     ("api bulk_enqueue", "producer", _api(lambda c, s: fairqueue.bulk_enqueue(c, [t.add.spec(i) for i in range(3)]))),
     ("api get_job", "producer", _api(lambda c, s: fairqueue.get_job(c, s.failed))),
     ("api list_channels", "producer", _api(lambda c, s: fairqueue.list_channels(c))),
+    ("api enqueue limits=", "producer", _api(lambda c, s: fairqueue.enqueue(c, "t.add", limits=["api"]))),
     ("cli enqueue", "producer", _cli("enqueue", "t.add", "--args", '{{"a": 1}}', "--after", "{s.ready}")),
     ("cli status", "producer", _cli("status")),
     ("cli channels list", "producer", _cli("channels", "list")),
     ("cli periodic list", "producer", _cli("periodic", "list")),
+    ("cli limits list", "producer", _cli("limits", "list")),
     ("api register, claim, finish", "worker", _run_a_job),
     ("api release", "worker", _release),
     ("api maintenance chores", "worker", _chores),
@@ -298,11 +301,13 @@ ACTIONS: list[tuple[str, str, Callable[[str, Scene], None]]] = [
     ("api configure_channel", "admin", _api(lambda c, s: fairqueue.configure_channel(c, s.channel, weight=2))),
     ("api update_channel", "admin", _api(lambda c, s: fairqueue.update_channel(c, s.channel, paused=True))),
     ("api pause a schedule", "admin", _api(lambda c, s: pause_periodic(c, s.schedule))),
+    ("api configure_limit", "admin", _api(lambda c, s: fairqueue.configure_limit(c, "api", max_concurrency=2))),
     ("cli cancel", "admin", _cli("cancel", "{s.ready}")),
     ("cli retry", "admin", _cli("retry", "{s.failed}")),
     ("cli channels set", "admin", _cli("channels", "set", "{s.channel}", "--rate-limit", "5/s", "--burst", "2")),
     ("cli periodic pause", "admin", _cli("periodic", "pause", "{s.schedule}")),
     ("cli periodic resume", "admin", _cli("periodic", "resume", "{s.schedule}")),
+    ("cli limits set", "admin", _cli("limits", "set", "api", "--rate-limit", "5/s")),
 ]
 
 

@@ -112,11 +112,34 @@ def reached(conn: psycopg.Connection[Any], n: int) -> bool:
     return succeeded(conn) >= n
 
 
+#: what a timed-out wait shows of the queue: where the jobs are, the channels' state, the leases
+QUEUE_STATE = {
+    "ready or running (worker, channel, jobs)": "SELECT worker_id, channel, count(*) FROM fairqueue.running_job "
+    "GROUP BY 1, 2 ORDER BY 1 NULLS FIRST, 2",
+    "scheduled (channel, jobs, first due in)": "SELECT channel, count(*), min(run_at) - now() "
+    "FROM fairqueue.scheduled_job GROUP BY 1 ORDER BY 1",
+    "channels (name, active, eligible, vtime, served_at)": "SELECT name, active, eligible, vtime, served_at "
+    "FROM fairqueue.channel ORDER BY name",
+    "vtime floor, wakeups, next_due": "SELECT fairqueue._vtime_floor(), "
+    "(SELECT count(*) FROM fairqueue.channel_wakeup), fairqueue.next_due()",
+    "workers (id, lease left)": "SELECT id, lease_expires_at - now() FROM fairqueue.worker ORDER BY id",
+}
+
+
+def queue_state(url: str) -> str:
+    """The queue's state, for the message of a wait that timed out (never raises)."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            return "\n".join(f"{what}: {conn.execute(query).fetchall()}" for what, query in QUEUE_STATE.items())
+    except psycopg.Error as exc:
+        return f"(queue state not read: {exc})"
+
+
 def wait_until(predicate: Callable[[], bool], fleet: Fleet, timeout: float = 120.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}\n{fleet.output()}")
+            raise AssertionError(f"timed out waiting for {what}\n{queue_state(fleet.url)}\n{fleet.output()}")
         time.sleep(0.05)
 
 

@@ -24,6 +24,10 @@ from fairqueue import Outcome
 from tests.conftest import Connections
 from tests.helpers import assert_consistent
 
+#: on one xdist worker, one after another: the held-snapshot tests count the buffers a claim or a
+#: producer reads, which other transactions in flight (test_claim_order's claimers) add to
+pytestmark = pytest.mark.xdist_group("held_snapshot")
+
 CLAIMERS = 4
 ROUNDS = 100
 BATCH = 10

@@ -15,9 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 import fairqueue
 from tests.conftest import Connections
+
+#: on one xdist worker, one after another: the held-snapshot tests count the buffers a claim or a
+#: producer reads, which other transactions in flight (test_claim_order's claimers) add to
+pytestmark = pytest.mark.xdist_group("held_snapshot")
 
 CHANNEL_RELATIONS = ("fairqueue.channel", "fairqueue.channel_pkey", "fairqueue.channel_eligible_idx")
 

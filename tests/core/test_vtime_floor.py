@@ -17,9 +17,14 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 import fairqueue
 from tests.conftest import Connections
+
+#: on one xdist worker, one after another: the held-snapshot tests count the buffers a claim or a
+#: producer reads, which other transactions in flight (test_claim_order's claimers) add to
+pytestmark = pytest.mark.xdist_group("held_snapshot")
 
 
 def _index_reads(conn: psycopg.Connection[Any]) -> int:

@@ -89,6 +89,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0015", "limit_names", "producers check shared limit names before writing anything"),
     Revision("fq0016", "limit_inbox", "a job whose limit's row is busy joins the line through limit_release"),
     Revision("fq0017", "claim_spread", "a claim's share of the busy channels is rounded down"),
+    Revision("fq0018", "floor_database", "the floors wait only for this database's transactions"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

@@ -24,7 +24,7 @@
 -- is older than X. A transaction that stays open after writing (it has a transaction id) delays step
 -- 2 and the floor waits for it; scans then walk what they walked without a floor, never less safely.
 -- A read-only transaction (the usual held snapshot: a report, a forgotten session) has no transaction
--- id and delays nothing.
+-- id and delays nothing, and neither does a transaction in another database (_ended_before).
 -- They belong to channel.vtime: TRUNCATE fairqueue.channel RESTART IDENTITY starts them again at 0.
 CREATE SEQUENCE fairqueue.vtime_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
 CREATE SEQUENCE fairqueue.vtime_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel.vtime;
@@ -44,6 +44,26 @@ LANGUAGE sql VOLATILE AS $$
                WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted) + 1)
     FROM (SELECT x.xmax, (x.xmax % 4294967296)::text::xid AS xmax32
           FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax) AS x) AS s
+$$;
+
+-- Have the transactions of this database older than X ended, as the calling statement's snapshot
+-- sees them (step 2)? Transaction ids are shared by every database of the cluster, but a transaction
+-- connected to another database can neither read a proposal nor write a row here, so it is not
+-- waited for: a long write elsewhere on the same server would otherwise hold both floors where they
+-- are for as long as it runs. A transaction is known to be elsewhere only if the server's activity
+-- list shows it connected to another database; one it does not show (it has just ended, or it is a
+-- prepared transaction) is waited for, as before. STABLE, so it runs under the caller's snapshot.
+CREATE FUNCTION fairqueue._ended_before(p_xid bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= p_xid
+        OR NOT EXISTS (
+            SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+            WHERE x::text::bigint < p_xid
+              AND (x::text::bigint % 4294967296)::text::xid NOT IN (
+                  SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a
+                  WHERE a.backend_xid IS NOT NULL
+                    AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))
 $$;
 
 -- The floor: no eligible channel has a lower vtime.
@@ -99,7 +119,7 @@ BEGIN
     SELECT last_value INTO v_xid FROM fairqueue.vtime_proposal_xid;
     -- one statement, one snapshot: have the transactions older than X ended, and the lowest
     -- eligible vtime now (which sees what they wrote)
-    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid,
+    SELECT fairqueue._ended_before(v_xid),
            (SELECT c.vtime FROM fairqueue.channel c WHERE c.eligible AND c.vtime >= v_floor
             ORDER BY c.vtime, c.served_at, c.name LIMIT 1)
     INTO v_ended, v_lowest;

@@ -14,7 +14,7 @@
 -- committed; the statement trigger below gives every transaction that writes a wakeup its
 -- transaction id before the id is drawn, so that transaction is older than X, and step 2 sees its
 -- wakeups. A transaction that stays open after writing holds the floor where it is; a read-only one
--- (the usual held snapshot) holds back nothing.
+-- (the usual held snapshot) holds back nothing, nor does one in another database (_ended_before).
 -- They belong to channel_wakeup.id: TRUNCATE fairqueue.channel_wakeup RESTART IDENTITY starts them at 0.
 CREATE SEQUENCE fairqueue.wakeup_floor MINVALUE 0 START 0 OWNED BY fairqueue.channel_wakeup.id;
 CREATE SEQUENCE fairqueue.wakeup_proposal MINVALUE 0 START 0 OWNED BY fairqueue.channel_wakeup.id;
@@ -61,7 +61,7 @@ BEGIN
     SELECT last_value INTO v_xid FROM fairqueue.wakeup_proposal_xid;
     -- one statement, one snapshot: have the transactions older than X ended, the lowest wakeup id
     -- now, and (read after that snapshot was taken) the next id the sequence hands out
-    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= v_xid,
+    SELECT fairqueue._ended_before(v_xid),
            (SELECT w.id FROM fairqueue.channel_wakeup w WHERE w.id >= v_floor ORDER BY w.id LIMIT 1),
            (SELECT CASE WHEN s.is_called THEN s.last_value + 1 ELSE s.last_value END
             FROM fairqueue.channel_wakeup_id_seq s)

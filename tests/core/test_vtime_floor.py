@@ -272,7 +272,7 @@ def test_a_write_transaction_in_another_database_holds_neither_floor(
         "dbname"
     ):
         pytest.skip("needs a database other than the test database on the server")
-    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("bob", "carol") for _ in range(60)])
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("bob", "carol") for _ in range(80)])
     elsewhere = psycopg.connect(server_url, autocommit=False)
     try:
         elsewhere.execute("SELECT pg_current_xact_id()")  # a transaction id, kept while the claims run
@@ -281,7 +281,7 @@ def test_a_write_transaction_in_another_database_holds_neither_floor(
             fairqueue.enqueue(conn, "k", channel="alice")  # a wakeup: alice is idle again after each
             assert _claim_one(conn, worker) is not None
         vtime_floor, wakeup_floor = _floor(conn), _wakeup_floor(conn)
-        for _ in range(10):
+        for _ in range(30):  # (the floors look for the other database once 64 transaction ids have passed)
             assert _claim_one(conn, worker) is not None
             fairqueue.enqueue(conn, "k", channel="alice")
             assert _claim_one(conn, worker) is not None
@@ -296,7 +296,7 @@ def test_a_write_transaction_in_this_database_holds_both_floors(
 ) -> None:
     """The other side of the test above: an open transaction here that has a transaction id (it may
     have read a proposal) keeps both floors where they are until it ends."""
-    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("bob", "carol") for _ in range(60)])
+    fairqueue.enqueue_many(conn, [{"kind": "k", "channel": c} for c in ("bob", "carol") for _ in range(80)])
     here = connect(autocommit=False)
     here.execute("SELECT pg_current_xact_id()")
     for _ in range(3):
@@ -304,7 +304,7 @@ def test_a_write_transaction_in_this_database_holds_both_floors(
         fairqueue.enqueue(conn, "k", channel="alice")
         assert _claim_one(conn, worker) is not None
     vtime_floor, wakeup_floor = _floor(conn), _wakeup_floor(conn)
-    for _ in range(10):
+    for _ in range(30):
         assert _claim_one(conn, worker) is not None
         fairqueue.enqueue(conn, "k", channel="alice")
         assert _claim_one(conn, worker) is not None

@@ -84,3 +84,4 @@ BEGIN
 END $$;
 
 DROP FUNCTION fairqueue._ended_before(bigint);
+DROP FUNCTION fairqueue._ended_here_before(bigint);

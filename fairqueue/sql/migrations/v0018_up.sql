@@ -7,20 +7,27 @@
 -- exist to skip. A transaction connected to another database can neither read a proposal nor write
 -- a row here; _ended_before no longer waits for one.
 
+CREATE FUNCTION fairqueue._ended_here_before(p_xid bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+        WHERE x::text::bigint < p_xid
+          AND (x::text::bigint % 4294967296)::text::xid NOT IN (
+              SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a
+              WHERE a.backend_xid IS NOT NULL
+                AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))
+$$;
+
 CREATE FUNCTION fairqueue._ended_before(p_xid bigint)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= p_xid
-        OR NOT EXISTS (
-            SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-            WHERE x::text::bigint < p_xid
-              AND (x::text::bigint % 4294967296)::text::xid NOT IN (
-                  SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a
-                  WHERE a.backend_xid IS NOT NULL
-                    AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))
+        OR (pg_snapshot_xmax(pg_current_snapshot())::text::bigint - p_xid >= 64
+            AND fairqueue._ended_here_before(p_xid))
 $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue._ended_before(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION fairqueue._ended_before(bigint), fairqueue._ended_here_before(bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairqueue._advance_vtime_floor()
 RETURNS double precision

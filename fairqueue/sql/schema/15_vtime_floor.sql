@@ -52,18 +52,30 @@ $$;
 -- waited for: a long write elsewhere on the same server would otherwise hold both floors where they
 -- are for as long as it runs. A transaction is known to be elsewhere only if the server's activity
 -- list shows it connected to another database; one it does not show (it has just ended, or it is a
--- prepared transaction) is waited for, as before. STABLE, so it runs under the caller's snapshot.
+-- prepared transaction) is waited for, as before. Reading that list costs about as much as the
+-- rest of the statement, so it is read only once the wait has lasted 64 transaction ids: a shorter
+-- wait is nearly always for this database's own claims and producers, which the list would not
+-- excuse anyway. Both are STABLE, so they run under the caller's snapshot, and _ended_before is a plain
+-- expression, which PostgreSQL inlines into the caller's statement (a call of a SQL function that
+-- is not inlined cost more than the rest of the statement).
+CREATE FUNCTION fairqueue._ended_here_before(p_xid bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+        WHERE x::text::bigint < p_xid
+          AND (x::text::bigint % 4294967296)::text::xid NOT IN (
+              SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a
+              WHERE a.backend_xid IS NOT NULL
+                AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))
+$$;
+
 CREATE FUNCTION fairqueue._ended_before(p_xid bigint)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= p_xid
-        OR NOT EXISTS (
-            SELECT 1 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-            WHERE x::text::bigint < p_xid
-              AND (x::text::bigint % 4294967296)::text::xid NOT IN (
-                  SELECT a.backend_xid FROM pg_stat_get_activity(NULL) AS a
-                  WHERE a.backend_xid IS NOT NULL
-                    AND a.datid <> (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())))
+        OR (pg_snapshot_xmax(pg_current_snapshot())::text::bigint - p_xid >= 64
+            AND fairqueue._ended_here_before(p_xid))
 $$;
 
 -- The floor: no eligible channel has a lower vtime.

@@ -19,6 +19,7 @@ from fairqueue.cli import main
 from fairqueue.tasks import Registry
 from fairqueue.worker import Worker, WorkerConfig
 from tests import worker_tasks
+from tests.docs.snippets import REPO, blocks
 from tests.helpers import count, wait_for
 
 Run = Callable[..., tuple[int, str, str]]
@@ -499,6 +500,9 @@ def test_status_shows_the_shared_limits_and_counts_the_jobs_in_their_lines(
     assert lines[at + 1].split() == ["LIMIT", "CAP", "RATE", "BURST", "HOLDING", "WAITING"]
     assert lines[at + 2].split() == ["mailer", "-", "10/s", "2", "0", "0"]
     assert lines[at + 3].split() == ["stripe-api", "1", "-", "-", "1", "3"]
+    # docs/operations.md shows this very table, as printed
+    [shown] = [b.text for b in blocks(REPO / "docs" / "operations.md") if b.text.startswith("SHARED LIMITS")]
+    assert "\n".join(lines[at : at + 4]) + "\n" == shown
 
     limits = json.loads(cli("status", "--json")[1])["limits"]
     assert limits == [

@@ -65,3 +65,37 @@ def test_a_bad_limit_writes_nothing_and_the_transaction_goes_on(caller: Caller, 
         tx.fq.enqueue(tx.db, "k", limits=["api"])  # the caller's transaction is still usable
         tx.commit()
     assert caller.orders() == 1 and count(caller.conn, "job") == 1
+
+
+def _limit_settings(caller: Caller, name: str) -> tuple[Any, ...] | None:
+    return caller.conn.execute(
+        "SELECT max_concurrency, rate_limit, rate_burst FROM fairqueue.shared_limit WHERE name = %s", (name,)
+    ).fetchone()
+
+
+def test_configure_limit_takes_effect_with_the_commit(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        tx.fq.configure_limit(tx.db, "api", max_concurrency=2, rate_limit="10/s", burst=5)
+        tx.rollback()
+    assert _limit_settings(caller, "api") is None
+    with caller.transaction() as tx:
+        tx.fq.configure_limit(tx.db, "api", max_concurrency=2, rate_limit="10/s", burst=5)
+        tx.fq.enqueue(tx.db, "k", channel="acme", limits=["api"])  # known to the same transaction
+        tx.commit()
+    assert _limit_settings(caller, "api") == (2, "10/s", 5)
+    with caller.transaction() as tx:  # every setting, each time: the ones left out go back to defaults
+        tx.fq.configure_limit(tx.db, "api", max_concurrency=3)
+        tx.commit()
+    assert _limit_settings(caller, "api") == (3, None, 1)
+
+
+def test_bad_limit_settings_write_nothing_and_the_transaction_goes_on(caller: Caller) -> None:
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('before')")
+        with pytest.raises(fairqueue.InvalidChannelConfigError, match="max_concurrency must be a whole number"):
+            tx.fq.configure_limit(tx.db, "api", max_concurrency=0)
+        with pytest.raises(fairqueue.InvalidChannelConfigError, match="is not understood"):
+            tx.fq.configure_limit(tx.db, "api", rate_limit="fast")
+        tx.fq.configure_limit(tx.db, "api", max_concurrency=1)
+        tx.commit()
+    assert caller.orders() == 1 and _limit_settings(caller, "api") == (1, None, 1)

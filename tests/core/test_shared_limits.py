@@ -324,6 +324,27 @@ def test_a_job_that_waited_for_one_limit_takes_its_other_limits_slot_when_it_goe
     _assert_limits_consistent(conn)
 
 
+def test_a_job_waiting_for_its_second_limit_holds_no_slot_of_its_first(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """The other order: a has room and b has none. The job waits in b's line without a slot of a, so
+    a's slot goes on serving other jobs, and the job takes both once b frees one."""
+    fairqueue.configure_limit(conn, "a", max_concurrency=1)
+    fairqueue.configure_limit(conn, "b", max_concurrency=1)
+    blocker = fairqueue.enqueue(conn, "only-b", channel="c1", limits=["b"])
+    assert [j.id for j in _claim(conn, worker, 5)] == [blocker]
+    both = fairqueue.enqueue(conn, "both", channel="c2", limits=["a", "b"])
+    assert _claim(conn, worker, 5) == []  # it waits for b ...
+    assert (_held(conn, "a"), _held(conn, "b")) == (0, 1)  # ... holding nothing of a
+    only_a = fairqueue.enqueue(conn, "only-a", channel="c3", limits=["a"])
+    assert [j.id for j in _claim(conn, worker, 5)] == [only_a]
+    _assert_limits_consistent(conn)
+    fairqueue.finish(conn, worker, [Outcome(only_a), Outcome(blocker)])
+    assert [j.id for j in _claim(conn, worker, 5)] == [both]
+    assert (_held(conn, "a"), _held(conn, "b")) == (1, 1)
+    _assert_limits_consistent(conn)
+
+
 def test_a_new_job_does_not_take_a_free_slot_ahead_of_the_jobs_waiting_for_it(
     conn: psycopg.Connection[Any], worker: int
 ) -> None:

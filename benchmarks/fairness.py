@@ -35,9 +35,12 @@
    initech's rate against what the limited tenants leave of the fleet: the fleet's rate with the
    same three tenants and no limit (a control run of the same length), less acme's and globex's
    rates (target >= 0.9: the tenant without the limit runs at full speed, and the limit leaves no
-   worker idle).
+   worker idle). A pair of runs is made for each --job-ms duration: 0 does nothing, so the fleet is
+   bound by the database's work per job, and a limited job's bookkeeping (its line, its slot, the
+   slot given back) is charged to initech; 20 waits 20 ms, as a call to an external API does, so
+   the fleet is bound by its slots.
 
-    python -m benchmarks.fairness --only shared-limit --limit 8
+    python -m benchmarks.fairness --only shared-limit --limit 8 [--job-ms 0,20]
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import fairqueue
 from benchmarks._common import Run, now, parser, percentiles, session, target_cell, wait_for, worker_options
 from benchmarks._systems import Fairqueue, System, side_by_side
 from benchmarks.peer_workers import pace
-from benchmarks.tasks import noop
+from benchmarks.tasks import noop, sleep_ms
 
 CLAIM_CYCLE_SQL = """
 WITH claims AS (
@@ -276,12 +279,14 @@ def two_levels(run: Run, args: Any) -> dict[str, Any]:
     }
 
 
-def _limited_jobs(channel: str, n: int, limited: bool) -> list[fairqueue.JobSpec]:
+def _limited_jobs(channel: str, n: int, limited: bool, job_ms: int) -> list[fairqueue.JobSpec]:
     limits = ["api"] if limited and channel != "initech" else None
+    if job_ms > 0:
+        return [fairqueue.JobSpec(sleep_ms.name, {"ms": job_ms}, channel=channel, limits=limits) for _ in range(n)]
     return [fairqueue.JobSpec(noop.name, channel=channel, limits=limits) for _ in range(n)]
 
 
-def _limit_run(run: Run, args: Any, *, limited: bool) -> tuple[dict[str, float], int]:
+def _limit_run(run: Run, args: Any, *, limited: bool, job_ms: int = 0) -> tuple[dict[str, float], int]:
     """One run of scenario 4, the three tenants kept backlogged, acme's and globex's jobs with the
     limit or (the control) without: (jobs started per tenant per second, the most seen holding it)."""
     tenants = list(TENANTS)
@@ -292,11 +297,11 @@ def _limit_run(run: Run, args: Any, *, limited: bool) -> tuple[dict[str, float],
     with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as probe:
         fairqueue.configure_limit(conn, "api", max_concurrency=args.limit)
         for tenant in tenants:
-            fairqueue.enqueue_many(conn, _limited_jobs(tenant, per_tenant, limited))
+            fairqueue.enqueue_many(conn, _limited_jobs(tenant, per_tenant, limited, job_ms))
 
         def add(channel: str, n: int) -> None:
             with conn.transaction():
-                fairqueue.enqueue_many(conn, _limited_jobs(channel, n, limited))
+                fairqueue.enqueue_many(conn, _limited_jobs(channel, n, limited, job_ms))
 
         most = [0]
         stop = [False]
@@ -337,10 +342,10 @@ def _limit_run(run: Run, args: Any, *, limited: bool) -> tuple[dict[str, float],
     return {c: counts.get(c, 0) / seconds for c in tenants}, most[0]
 
 
-def shared_limit(run: Run, args: Any) -> dict[str, Any]:
+def shared_limit(run: Run, args: Any, job_ms: int = 0) -> dict[str, Any]:
     """Scenario 4: two tenants flood a shared limit, a third runs without it (and alone, for comparison)."""
-    control, _ = _limit_run(run, args, limited=False)
-    rates, most = _limit_run(run, args, limited=True)
+    control, _ = _limit_run(run, args, limited=False, job_ms=job_ms)
+    rates, most = _limit_run(run, args, limited=True, job_ms=job_ms)
     index = jain([rates["acme"], rates["globex"]])
     # what the fleet had left for initech: its rate without the limit, less what the limited tenants ran
     fleet = sum(control.values())
@@ -348,6 +353,7 @@ def shared_limit(run: Run, args: Any) -> dict[str, Any]:
     full_speed = rates["initech"] / left if left > 0 else 0.0
     return {
         "system": Fairqueue(args.processes, args.concurrency, args.batch).label,
+        "job_ms": job_ms,
         "limit": args.limit,
         "per_tenant_per_s": {c: round(r, 1) for c, r in rates.items()},
         "fleet_without_limit_per_s": round(fleet, 1),
@@ -358,24 +364,32 @@ def shared_limit(run: Run, args: Any) -> dict[str, Any]:
     }
 
 
-def shared_limit_table(r: dict[str, Any], args: Any) -> list[str]:
-    rates = r["per_tenant_per_s"]
-    met = r["target_met"]
-    return [
+def shared_limit_table(results: list[dict[str, Any]], args: Any) -> list[str]:
+    first = results[0]
+    lines = [
         f"A shared limit, for {args.seconds:g} s: acme and globex keep a backlog of jobs that use the shared limit "
-        f'"api" ({r["limit"]} at once); initech keeps a backlog of jobs without it. {r["system"]}:',
+        f'"api" ({first["limit"]} at once); initech keeps a backlog of jobs without it. {first["system"]}. A job '
+        "does nothing (the database's work per job is all there is: the fleet is bound by the queue's "
+        "bookkeeping), or waits a number of milliseconds, as a call to an external API does (the fleet is "
+        "bound by its slots):",
         "",
-        "| acme / globex started (with the limit) | Jain's index of the two | target >= 0.99 | most holding the "
-        "limit (sampled) | target <= the limit | initech started / the fleet without the limit less acme and "
+        "| job | acme / globex started (with the limit) | Jain's index of the two | target >= 0.99 | most holding "
+        "the limit (sampled) | target <= the limit | initech started / the fleet without the limit less acme and "
         "globex | target >= 0.9 |",
-        "|---|---:|---|---:|---|---|---|",
-        f"| {rates['acme']:,.1f} / {rates['globex']:,.1f} jobs/s | {r['jain_limited']:.4f} | "
-        f"{target_cell('fairqueue', met['jain'])} | {r['most_holding']} | {target_cell('fairqueue', met['cap'])} | "
-        f"{rates['initech']:,.1f} / ({r['fleet_without_limit_per_s']:,.1f} - {rates['acme'] + rates['globex']:,.1f}) "
-        f"jobs/s "
-        f"({r['initech_vs_left']:.2f}) | "
-        f"{target_cell('fairqueue', met['full_speed'])} |",
+        "|---|---|---:|---|---:|---|---|---|",
     ]
+    for r in results:
+        rates = r["per_tenant_per_s"]
+        met = r["target_met"]
+        job = f"waits {r['job_ms']} ms" if r["job_ms"] else "does nothing"
+        lines.append(
+            f"| {job} | {rates['acme']:,.1f} / {rates['globex']:,.1f} jobs/s | {r['jain_limited']:.4f} | "
+            f"{target_cell('fairqueue', met['jain'])} | {r['most_holding']} | {target_cell('fairqueue', met['cap'])} | "
+            f"{rates['initech']:,.1f} / ({r['fleet_without_limit_per_s']:,.1f} - "
+            f"{rates['acme'] + rates['globex']:,.1f}) jobs/s ({r['initech_vs_left']:.2f}) | "
+            f"{target_cell('fairqueue', met['full_speed'])} |"
+        )
+    return lines
 
 
 def two_levels_table(r: dict[str, Any], args: Any) -> list[str]:
@@ -432,6 +446,16 @@ def table(floods: list[dict[str, Any]], equal: list[dict[str, Any]], args: Any) 
     return lines
 
 
+def _durations(text: str) -> list[int]:
+    try:
+        durations = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--job-ms: {text!r} is not a comma-separated list of whole milliseconds") from None
+    if not durations or any(d < 0 for d in durations):
+        raise SystemExit(f"--job-ms: {text!r}: give at least one duration, none below 0")
+    return durations
+
+
 def main() -> None:
     p = parser(__doc__, peers=True)
     p.add_argument("--seconds", type=float, help="length of each run (default 30; --quick 5)")
@@ -440,14 +464,27 @@ def main() -> None:
     worker_options(p, concurrency=10, batch=10)
     p.add_argument("--only", choices=["two-levels", "shared-limit"], help="run only this scenario (fairqueue alone)")
     p.add_argument("--limit", type=int, default=8, help="slots of the shared limit of scenario 4 (default 8)")
+    p.add_argument(
+        "--job-ms",
+        default="0,20",
+        help="scenario 4's job durations in ms, comma-separated; 0 does nothing (default 0,20: one pair of runs each)",
+    )
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.backlog = args.backlog or (2_000 if args.quick else 5_000)
     if args.only == "shared-limit":
+        durations = _durations(args.job_ms)
         with session("fairness", args) as run:
-            r = shared_limit(run, args)
-            print(f"shared limit: {r['per_tenant_per_s']} Jain {r['jain_limited']:.4f} most {r['most_holding']}")
-            run.finish({"shared_limit": r}, "A shared limit across tenants", shared_limit_table(r, args))
+            results = []
+            for job_ms in durations:
+                r = shared_limit(run, args, job_ms)
+                results.append(r)
+                print(
+                    f"shared limit, jobs of {job_ms} ms: {r['per_tenant_per_s']} Jain {r['jain_limited']:.4f} "
+                    f"most {r['most_holding']} initech {r['initech_vs_left']:.2f}",
+                    flush=True,
+                )
+            run.finish({"shared_limit": results}, "A shared limit across tenants", shared_limit_table(results, args))
         return
     if args.only == "two-levels":
         with session("fairness", args) as run:

@@ -277,25 +277,33 @@ def _enqueue(
     )
     if job.after:
         yield from _dependencies_exist(set(job.after))
-    yield from _limits_exist([job], numbered=False)
-    [(job_id, created)] = yield (
-        Q.enqueue,
-        (
-            job.kind,
-            job.args,
-            job.channel,
-            job.run_at,
-            job.max_attempts,
-            job.timeout,
-            job.unique_key,
-            job.fifo_key,
-            job.after,
-            job.priority,
-            trace_context(),
-            job.fair_key,
-            job.limits,
-        ),
+    params = (
+        job.kind,
+        job.args,
+        job.channel,
+        job.run_at,
+        job.max_attempts,
+        job.timeout,
+        job.unique_key,
+        job.fifo_key,
+        job.after,
+        job.priority,
+        trace_context(),
+        job.fair_key,
+        job.limits,
     )
+    if job.limits:
+        # the names checked in the insert's own round trip (it runs only if they all exist)
+        names = sorted(set(job.limits))
+        rows = yield Q.enqueue_limited, (*params, names, len(names))
+        if not rows:
+            yield from _limits_exist([job], numbered=False)  # says which name is not configured
+            # every name is there now: a limit configured in between, by a transaction that had not
+            # committed when the insert looked
+            rows = yield Q.enqueue, params
+        [(job_id, created)] = rows
+    else:
+        [(job_id, created)] = yield Q.enqueue, params
     if not created and on_duplicate == "raise":
         assert job.unique_key is not None
         raise DuplicateJobError(job.unique_key, int(job_id))

@@ -389,3 +389,46 @@ def test_a_job_whose_limit_is_held_elsewhere_joins_the_line_at_the_next_intake(
     assert conn.execute("SELECT count(*) FROM fairqueue.limit_release").fetchone() == (0,)
     assert _held(conn, "api") == 1
     _assert_limits_consistent(conn)
+
+
+def test_a_limited_enqueue_checks_its_names_in_the_inserts_round_trip(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """enqueue sends one statement for a job whose limits are all configured: the insert, which runs
+    only if they are. When one is not, the insert writes nothing, and a read of the names says which;
+    a limit configured and committed between those two statements lets the job in with a second
+    insert instead of a wrong error. Each statement is run on a real connection, one at a time."""
+    from fairqueue._db import executor_for
+    from fairqueue.producer import _enqueue
+    from fairqueue.sql import Q
+
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    producer = connect(autocommit=False)
+    ex = executor_for(producer)
+
+    def steps(limits: list[str]) -> Any:
+        return _enqueue("k", None, "acme", None, None, None, None, None, None, None, "return", 0, None, limits)
+
+    def drive(operation: Any, between: Any = None) -> tuple[Any, list[str]]:
+        sent = []
+        statement = next(operation)
+        while True:
+            sent.append(statement[0])
+            rows = ex.rows(*statement)
+            if between is not None:
+                between()
+                between = None
+            try:
+                statement = operation.send(rows)
+            except StopIteration as done:
+                return done.value, sent
+
+    one, sent = drive(steps(["api", "api"]))
+    assert sent == [Q.enqueue_limited]
+    with pytest.raises(InvalidJobError, match=r"^shared limit 'nope' is not configured"):
+        drive(steps(["api", "nope"]))
+    late, sent = drive(steps(["late"]), between=lambda: fairqueue.configure_limit(conn, "late", max_concurrency=1))
+    assert sent == [Q.enqueue_limited, Q.existing_limits, Q.enqueue]
+    producer.commit()  # the transaction went on after the refused job
+    rows = conn.execute("SELECT id, limits FROM fairqueue.job ORDER BY id").fetchall()
+    assert rows == [(one, ["api"]), (late, ["late"])]

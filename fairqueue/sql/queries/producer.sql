@@ -9,6 +9,17 @@ SELECT job_id, created FROM fairqueue.enqueue(
     %s, %s::text::jsonb, %s, %s::timestamptz, %s::integer, %s::double precision, %s, %s, %s::bigint[],
     %s::smallint, %s::text::jsonb, %s, %s::text[])
 
+-- name: enqueue_limited
+-- enqueue for a job that declares shared limits, in the same round trip as the check of their names:
+-- the WHERE clause reads no column of the function, so PostgreSQL runs it first, once (a one-time
+-- filter), and calls the function only when every name is a configured limit. Otherwise no row comes
+-- back and nothing was written or raised: the caller's transaction goes on. The last two parameters
+-- are the job's distinct limit names and how many there are.
+SELECT job_id, created FROM fairqueue.enqueue(
+    %s, %s::text::jsonb, %s, %s::timestamptz, %s::integer, %s::double precision, %s, %s, %s::bigint[],
+    %s::smallint, %s::text::jsonb, %s, %s::text[])
+WHERE (SELECT count(*) FROM fairqueue.existing_limits(%s::text[])) = %s::integer
+
 -- name: enqueue_many
 -- Many jobs in one statement, as parallel arrays; rows come back in the order given. The last arrays
 -- hold the fair keys and each job's shared limits as a JSON array (NULL when no job has any).

@@ -365,29 +365,34 @@ def _enqueue_many(checked: list[_Checked]) -> Steps[list[tuple[int, bool]]]:
     if not checked:
         return []
     yield from _dependencies_exist({d for job in checked for d in (job.after or ())})
-    yield from _limits_exist(checked, numbered=True)
 
     def column(values: list[Any]) -> list[Any] | None:
         return None if all(v is None for v in values) else values
 
-    rows = yield (
-        Q.enqueue_many,
-        (
-            [j.kind for j in checked],
-            [j.args for j in checked],
-            [j.channel for j in checked],
-            column([j.run_at for j in checked]),
-            [j.max_attempts for j in checked],
-            column([j.timeout for j in checked]),
-            column([j.unique_key for j in checked]),
-            column([j.fifo_key for j in checked]),
-            column([None if j.after is None else "[" + ",".join(map(str, j.after)) + "]" for j in checked]),
-            None if all(j.priority == 0 for j in checked) else [j.priority for j in checked],
-            None if (trace := trace_context()) is None else [trace] * len(checked),
-            column([j.fair_key for j in checked]),
-            column([None if j.limits is None else json.dumps(j.limits) for j in checked]),
-        ),
+    params = (
+        [j.kind for j in checked],
+        [j.args for j in checked],
+        [j.channel for j in checked],
+        column([j.run_at for j in checked]),
+        [j.max_attempts for j in checked],
+        column([j.timeout for j in checked]),
+        column([j.unique_key for j in checked]),
+        column([j.fifo_key for j in checked]),
+        column([None if j.after is None else "[" + ",".join(map(str, j.after)) + "]" for j in checked]),
+        None if all(j.priority == 0 for j in checked) else [j.priority for j in checked],
+        None if (trace := trace_context()) is None else [trace] * len(checked),
+        column([j.fair_key for j in checked]),
+        column([None if j.limits is None else json.dumps(j.limits) for j in checked]),
     )
+    names = sorted({name for job in checked for name in (job.limits or ())})
+    if names:
+        # the names checked in the insert's own round trip, as enqueue does
+        rows = yield Q.enqueue_many_limited, (*params, names, len(names))
+        if not rows:
+            yield from _limits_exist(checked, numbered=True)  # says which job's name is not configured
+            rows = yield Q.enqueue_many, params  # configured in between: see _enqueue
+    else:
+        rows = yield Q.enqueue_many, params
     return [(int(job_id), bool(created)) for _, job_id, created in rows]
 
 

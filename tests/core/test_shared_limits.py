@@ -399,7 +399,7 @@ def test_a_limited_enqueue_checks_its_names_in_the_inserts_round_trip(
     a limit configured and committed between those two statements lets the job in with a second
     insert instead of a wrong error. Each statement is run on a real connection, one at a time."""
     from fairqueue._db import executor_for
-    from fairqueue.producer import _enqueue
+    from fairqueue.producer import _check_many, _enqueue, _enqueue_many
     from fairqueue.sql import Q
 
     fairqueue.configure_limit(conn, "api", max_concurrency=2)
@@ -429,6 +429,12 @@ def test_a_limited_enqueue_checks_its_names_in_the_inserts_round_trip(
         drive(steps(["api", "nope"]))
     late, sent = drive(steps(["late"]), between=lambda: fairqueue.configure_limit(conn, "late", max_concurrency=1))
     assert sent == [Q.enqueue_limited, Q.existing_limits, Q.enqueue]
-    producer.commit()  # the transaction went on after the refused job
+    # enqueue_many the same way: one statement, or the read that says which job's name is missing
+    created, sent = drive(_enqueue_many(_check_many([{"kind": "k", "limits": ["late", "api"]}, {"kind": "k"}])))
+    assert sent == [Q.enqueue_many_limited]
+    [(many, _), (free, _)] = created
+    with pytest.raises(InvalidJobError, match=r"^job #1: shared limit 'gone' is not configured"):
+        drive(_enqueue_many(_check_many([{"kind": "k", "limits": ["api"]}, {"kind": "k", "limits": ["gone"]}])))
+    producer.commit()  # the transaction went on after the refused jobs
     rows = conn.execute("SELECT id, limits FROM fairqueue.job ORDER BY id").fetchall()
-    assert rows == [(one, ["api"]), (late, ["late"])]
+    assert rows == [(one, ["api"]), (late, ["late"]), (many, ["api", "late"]), (free, None)]

@@ -29,6 +29,17 @@ SELECT ord, job_id, created FROM fairqueue.enqueue_many(
     %s::text[]::jsonb[])
 ORDER BY ord
 
+-- name: enqueue_many_limited
+-- enqueue_many when some job declares shared limits: as enqueue_limited, the function runs only when
+-- every name is a configured limit (no row comes back otherwise, and nothing was written). The last
+-- two parameters are the distinct names of all the jobs' limits and how many there are.
+SELECT ord, job_id, created FROM fairqueue.enqueue_many(
+    %s::text[], %s::text[]::jsonb[], %s::text[], %s::timestamptz[], %s::integer[], %s::double precision[],
+    %s::text[], %s::text[], %s::text[]::jsonb[], %s::smallint[], %s::text[]::jsonb[], %s::text[],
+    %s::text[]::jsonb[])
+WHERE (SELECT count(*) FROM fairqueue.existing_limits(%s::text[])) = %s::integer
+ORDER BY ord
+
 -- name: configure_limit
 -- Sets every setting of a shared limit (creating it if needed).
 SELECT fairqueue.configure_limit(%s, %s::integer, %s, %s::double precision, %s::double precision)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -41,6 +42,31 @@ def _claim_one(conn: psycopg.Connection[Any], worker: int) -> fairqueue.ClaimedJ
     return jobs[0] if jobs else None
 
 
+def _settle_floors(conn: psycopg.Connection[Any]) -> None:
+    """Raises both floors as far as they go, as claims do (_advance_*), before a count of the entries
+    a claim steps on. A write transaction open anywhere on the server at the last claims (another
+    test's, an autoanalyze) holds them a step or two behind for a moment, and a claim then steps on a
+    few more entries: CI saw 9, then 12 (the fewest of three) on PostgreSQL 15. What the counts guard
+    against, scans from below the floor, costs hundreds more; this waits only for the floors to
+    reach the lowest eligible channel and the lowest wakeup (a few seconds at most)."""
+    for _ in range(300):
+        # a transaction id used up: the floors excuse another database's transaction once 64 have
+        # gone by since they began to wait for it (fq0018), and a quiet server would not use them
+        conn.execute("SELECT pg_current_xact_id()")
+        conn.execute("SELECT fairqueue._advance_vtime_floor(), fairqueue._advance_wakeup_floor()")
+        row = conn.execute(
+            "SELECT fairqueue._vtime_floor() >= coalesce(floor((SELECT min(vtime) FROM fairqueue.channel"
+            " WHERE eligible) * 1048576) / 1048576, 0),"
+            " fairqueue._wakeup_floor() >= coalesce((SELECT min(id) FROM fairqueue.channel_wakeup),"
+            " (SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END"
+            " FROM fairqueue.channel_wakeup_id_seq))"
+        ).fetchone()
+        if row == (True, True):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the floors did not reach the lowest eligible channel and wakeup in 300 tries")
+
+
 def _floor(conn: psycopg.Connection[Any]) -> float:
     row = conn.execute("SELECT fairqueue._vtime_floor()").fetchone()
     assert row is not None
@@ -60,6 +86,7 @@ def test_a_claim_under_a_held_snapshot_does_not_walk_the_old_versions_of_the_fai
         return min(one_claim_reads() for _ in range(3))
 
     def one_claim_reads() -> int:
+        _settle_floors(conn)
         claimer = connect(autocommit=False)
         # The scans as they run at scale, through the index: with two channels the planner may pick a
         # sequential scan of the channel table in one session and the index in the next (the table's
@@ -147,6 +174,7 @@ def test_a_claim_under_a_held_snapshot_does_not_walk_the_consumed_wakeups(
 
     def one_claim_reads() -> int:
         fairqueue.enqueue(conn, "k", channel="alice")
+        _settle_floors(conn)
         claimer = connect(autocommit=False)
         before = _wakeup_reads(claimer)
         assert len(fairqueue.claim_batch(claimer, worker, 1)) == 1

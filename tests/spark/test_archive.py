@@ -28,6 +28,7 @@ from fairqueue.spark.archive import (
     sql_fingerprints,
     total,
 )
+from fairqueue.spark.archive.database import LOCK_KEY, lock_run, unlock_run
 from fairqueue.spark.archive.run import _read_partition
 from fairqueue.urls import database_name, with_database
 from tests.helpers import wait_for
@@ -641,3 +642,30 @@ def test_an_unknown_hdfs_host_is_named(spark: Any, spark_url: str) -> None:
     assert str(failed.value).startswith(f"cannot open the archive target {target}: java.lang.IllegalArgumentException")
     with psycopg.connect(spark_url, autocommit=True) as conn:
         assert conn.execute(f"SELECT count(*) FROM fairqueue.{_table(days[0])}").fetchone() == (10,)
+
+
+def _archive_lock_held(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::oid AND objid = %s::oid"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        LOCK_KEY,
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
+def test_a_run_gives_its_lock_back_before_its_connection_closes(spark_url: str, tmp_path: Path) -> None:
+    """The lock goes with the run's connection only when its server process exits, a moment after the
+    client closes it: a second run started in that moment (a retry right after a failure, as in
+    test_an_unwritable_target_drops_nothing) was refused as if another run held it. The run releases
+    it itself first."""
+    with psycopg.connect(spark_url, autocommit=True) as conn, psycopg.connect(spark_url, autocommit=True) as other:
+        lock_run(conn, timedelta(days=1))
+        with pytest.raises(ArchiveError, match="another fairqueue archive is running"):
+            lock_run(other, timedelta(days=1))
+        unlock_run(conn)
+        assert not _archive_lock_held(other)
+        lock_run(other, timedelta(days=1))  # while the first connection is still open
+        unlock_run(other)
+        # a whole run (nothing old enough to archive: Spark is not started) leaves nothing held
+        archive_history(spark_url, older_than="3650d", to=str(tmp_path / "archive"))
+        assert not _archive_lock_held(conn)

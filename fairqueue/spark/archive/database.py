@@ -5,6 +5,7 @@ manifest records it. The final transaction that drops a partition is :mod:`.drop
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from dataclasses import dataclass, replace
@@ -40,6 +41,15 @@ def lock_run(conn: psycopg.Connection[Any], age: timedelta) -> datetime:
     if not locked:
         raise ArchiveError("another fairqueue archive is running on this database; try again when it is done")
     return cutoff
+
+
+def unlock_run(conn: psycopg.Connection[Any]) -> None:
+    """Releases the archive lock now, on the open connection. Left to the connection's close, it goes
+    with the server process, which exits a moment after the client has closed: a run started in that
+    moment (a second try right after a failure) was refused as if another run held it. On a broken
+    connection there is nothing to release: its server process is gone or going, and the lock with it."""
+    with contextlib.suppress(psycopg.Error):
+        conn.execute(Q.archive_unlock, LOCK_KEY)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from fairqueue.spark.archive.database import (
     old_default_rows,
     old_partitions,
     source_database,
+    unlock_run,
     with_archive_id,
 )
 from fairqueue.spark.archive.drop import DROP_LOCK_TIMEOUT, drop_partition
@@ -244,48 +245,51 @@ def archive_history(
         raise ConfigurationError(f"cannot connect to the database {redact(url)}: {exc}".strip()) from None
     with conn:
         cutoff = lock_run(conn, age)
-        report = ArchiveReport(cutoff=cutoff, target=target)
-        report.default_partition_rows, report.default_partition_since = old_default_rows(conn, cutoff)
-        if report.default_partition_rows:
-            log.warning(
-                "fairqueue archive: %d rows older than the cutoff are in fairqueue.completed_job_default; "
-                "they are not archived",
-                report.default_partition_rows,
-            )
-        partitions = old_partitions(conn, cutoff)
-        if not partitions:
-            return report
-        origin = source_database(conn)
-        opened: list[ArchiveFiles] = []
+        try:
+            report = ArchiveReport(cutoff=cutoff, target=target)
+            report.default_partition_rows, report.default_partition_since = old_default_rows(conn, cutoff)
+            if report.default_partition_rows:
+                log.warning(
+                    "fairqueue archive: %d rows older than the cutoff are in fairqueue.completed_job_default; "
+                    "they are not archived",
+                    report.default_partition_rows,
+                )
+            partitions = old_partitions(conn, cutoff)
+            if not partitions:
+                return report
+            origin = source_database(conn)
+            opened: list[ArchiveFiles] = []
 
-        def target_files() -> ArchiveFiles:  # Spark and the target, the first time a partition has rows
-            if not opened:
-                session = spark if spark is not None else _start_spark(master, config)
+            def target_files() -> ArchiveFiles:  # Spark and the target, the first time a partition has rows
+                if not opened:
+                    session = spark if spark is not None else _start_spark(master, config)
+                    try:
+                        files = ArchiveFiles(session, target)
+                    except Exception as exc:
+                        raise ArchiveError(f"cannot open the archive target {target}: {spark_failure(exc)}") from None
+                    check_writable(files)
+                    files.delete(files.join(STAGING))  # what a killed run left (we hold the lock)
+                    opened.append(files)
+                return opened[0]
+
+            for part in partitions:
                 try:
-                    files = ArchiveFiles(session, target)
+                    done = _archive_partition(url, target_files, part, origin=origin, lock_timeout=lock_timeout)
+                except (FairqueueError, psycopg.Error):
+                    raise
                 except Exception as exc:
-                    raise ArchiveError(f"cannot open the archive target {target}: {spark_failure(exc)}") from None
-                check_writable(files)
-                files.delete(files.join(STAGING))  # what a killed run left (we hold the lock)
-                opened.append(files)
-            return opened[0]
-
-        for part in partitions:
-            try:
-                done = _archive_partition(url, target_files, part, origin=origin, lock_timeout=lock_timeout)
-            except (FairqueueError, psycopg.Error):
-                raise
-            except Exception as exc:
-                raise ArchiveError(
-                    f"archiving {part.table} failed, its rows stay in PostgreSQL: {spark_failure(exc)}"
-                ) from exc
-            log.info("fairqueue archive: %s archived to %s (%s)", part.table, done.path or "-", done.fingerprint)
-            report.archived.append(done)
-            if on_day is not None:
-                on_day(done)
-        if opened:
-            opened[0].delete(opened[0].join(STAGING))
-        return report
+                    raise ArchiveError(
+                        f"archiving {part.table} failed, its rows stay in PostgreSQL: {spark_failure(exc)}"
+                    ) from exc
+                log.info("fairqueue archive: %s archived to %s (%s)", part.table, done.path or "-", done.fingerprint)
+                report.archived.append(done)
+                if on_day is not None:
+                    on_day(done)
+            if opened:
+                opened[0].delete(opened[0].join(STAGING))
+            return report
+        finally:
+            unlock_run(conn)
 
 
 def _start_spark(master: str | None, config: dict[str, str] | None) -> SparkSession:

@@ -6,6 +6,10 @@
 -- The cutoff, and whether this run is the database's one archive run (session-level lock).
 SELECT now() - %s::interval, pg_try_advisory_lock(%s, %s)
 
+-- name: archive_unlock
+-- Releases the run's lock while its connection is still open (see lock_run).
+SELECT pg_advisory_unlock(%s, %s)
+
 -- name: archive_source_database
 -- The database a copy comes from: its cluster's system identifier, its oid and its name.
 SELECT (SELECT system_identifier::text FROM pg_control_system()), oid::bigint, datname

@@ -438,3 +438,21 @@ def test_a_limited_enqueue_checks_its_names_in_the_inserts_round_trip(
     producer.commit()  # the transaction went on after the refused jobs
     rows = conn.execute("SELECT id, limits FROM fairqueue.job ORDER BY id").fetchall()
     assert rows == [(one, ["api"]), (late, ["late"]), (many, ["api", "late"]), (free, None)]
+
+
+def test_the_name_check_holds_once_the_statement_is_prepared_and_planned_generically(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """The insert with a missing name writes nothing because PostgreSQL evaluates the name check first,
+    as a one-time filter. psycopg prepares a statement on its 5th run, and PostgreSQL plans it
+    generically after 5 custom plans; the filter must stay in front of the function in every plan."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    producer = connect(autocommit=False)
+    for _ in range(12):
+        with pytest.raises(InvalidJobError, match="'nope' is not configured"):
+            fairqueue.enqueue(producer, "k", channel="acme", limits=["api", "nope"])
+        with pytest.raises(InvalidJobError, match="'nope' is not configured"):
+            fairqueue.enqueue_many(producer, [{"kind": "k", "limits": ["nope"]}])
+    kept = fairqueue.enqueue(producer, "k", channel="acme", limits=["api"])
+    producer.commit()  # still usable: no refused insert aborted it
+    assert conn.execute("SELECT id FROM fairqueue.job").fetchall() == [(kept,)]

@@ -21,7 +21,6 @@ DECLARE
     v_gate    bigint[];
     v_gate_att integer[];
     v_made    bigint[] := '{}';
-    v_job     record;
 BEGIN
     WITH woken AS (
         DELETE FROM fairqueue.channel_wakeup
@@ -69,17 +68,7 @@ BEGIN
         v_made := fairqueue._open_limits(p_now);
     END IF;
     IF v_gate IS NOT NULL THEN
-        FOR v_job IN
-            SELECT j.id, j.channel, j.priority, j.fair_key, j.limits, g.attempt
-            FROM unnest(v_gate, v_gate_att) AS g(id, attempt)
-            CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-            ORDER BY j.id
-        LOOP
-            IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
-                               v_job.limits) IS NOT NULL THEN
-                v_made := v_made || v_job.id;
-            END IF;
-        END LOOP;
+        v_made := v_made || fairqueue._gate_all(v_gate, v_gate_att, p_now);
     END IF;
     IF v_place IS NOT NULL THEN
         FOREACH v_id IN ARRAY v_place LOOP

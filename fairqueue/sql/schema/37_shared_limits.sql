@@ -63,32 +63,35 @@ CREATE FUNCTION fairqueue._apply_releases(p_names text[])
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now  timestamptz := clock_timestamp();
-    v_job  record;
+    v_ids       bigint[];
+    v_limits    text[];
+    v_channels  text[];
+    v_attempts  integer[];
+    v_ranks     smallint[];
 BEGIN
-    FOR v_job IN
-        WITH given AS (
-            DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
-            RETURNING r.limit_name, r.n, r.job_id, r.attempt
-        ),
-        held AS (
-            UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
-            FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
-            WHERE l.name = g.limit_name AND g.n > 0
-        ),
-        left_jobs AS (
-            DELETE FROM fairqueue.scheduled_job s
-            USING given g
-            WHERE g.job_id IS NOT NULL AND s.job_id = g.job_id AND s.attempt = g.attempt AND s.placed
-            RETURNING s.job_id, s.channel, s.attempt, g.limit_name
-        )
-        SELECT l.job_id, l.channel, l.attempt, l.limit_name, j.priority
-        FROM left_jobs l CROSS JOIN LATERAL (SELECT priority FROM fairqueue.job WHERE id = l.job_id LIMIT 1) AS j
-        ORDER BY l.job_id
-    LOOP
-        PERFORM fairqueue._wait_for_limit(v_job.job_id, v_job.limit_name, v_job.channel, v_job.attempt,
-                                          -v_job.priority, v_now);
-    END LOOP;
+    WITH given AS (
+        DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
+        RETURNING r.limit_name, r.n, r.job_id, r.attempt
+    ),
+    held AS (
+        UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
+        FROM (SELECT given.limit_name, sum(given.n)::integer AS n FROM given GROUP BY given.limit_name) AS g
+        WHERE l.name = g.limit_name AND g.n > 0
+    ),
+    left_jobs AS (
+        DELETE FROM fairqueue.scheduled_job s
+        USING given g
+        WHERE g.job_id IS NOT NULL AND s.job_id = g.job_id AND s.attempt = g.attempt AND s.placed
+        RETURNING s.job_id, s.channel, s.attempt, g.limit_name
+    )
+    SELECT array_agg(l.job_id ORDER BY l.job_id), array_agg(l.limit_name ORDER BY l.job_id),
+           array_agg(l.channel ORDER BY l.job_id), array_agg(l.attempt ORDER BY l.job_id),
+           array_agg(-j.priority ORDER BY l.job_id)
+    INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
+    FROM left_jobs l CROSS JOIN LATERAL (SELECT priority FROM fairqueue.job WHERE id = l.job_id LIMIT 1) AS j;
+    IF v_ids IS NOT NULL THEN
+        PERFORM fairqueue._join_lines(v_ids, v_limits, v_channels, v_attempts, v_ranks, clock_timestamp());
+    END IF;
 END $$;
 
 -- A shared limit's tokens at p_now (NULL without a rate limit): the bucket refilled since tokens_at.
@@ -101,35 +104,50 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- Puts a job in the line of a shared limit, in its channel's turn there (a channel joining the line
--- starts at the lowest vtime in it: no credit, no debt), and makes sure an intake comes back to the
--- limit when a slot may be free for it: at once if the limit has room, when its next token is due if
--- it is out of tokens (with no room, the finish that frees a slot does it).
-CREATE FUNCTION fairqueue._wait_for_limit(p_job_id bigint, p_limit text, p_channel text, p_attempt integer,
-                                          p_rank smallint, p_now timestamptz)
+-- Puts jobs in the lines of shared limits (job i in the line of p_limits[i]), each in its channel's
+-- turn there (a channel joining a line starts at the lowest vtime in it: no credit, no debt), and
+-- makes sure an intake comes back to each limit when a slot may be free: at once if the limit has
+-- room, when its next token is due if it is out of tokens (with no room, the finish that frees a slot
+-- does it). One statement per table for the whole set; the caller holds the limits' rows.
+CREATE FUNCTION fairqueue._join_lines(p_job_ids bigint[], p_limits text[], p_channels text[],
+                                      p_attempts integer[], p_ranks smallint[], p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO fairqueue.limit_waiting (job_id, limit_name, channel, attempt, rank)
-    VALUES (p_job_id, p_limit, p_channel, p_attempt, p_rank)
+    INSERT INTO fairqueue.limit_waiting AS w (job_id, limit_name, channel, attempt, rank)
+    SELECT DISTINCT ON (u.job_id) u.job_id, u.limit_name, u.channel, u.attempt, u.rank
+    FROM unnest(p_job_ids, p_limits, p_channels, p_attempts, p_ranks) AS u(job_id, limit_name, channel, attempt, rank)
+    ORDER BY u.job_id
     ON CONFLICT (job_id) DO UPDATE SET limit_name = EXCLUDED.limit_name;
     INSERT INTO fairqueue.limit_turn (limit_name, channel, vtime)
-    VALUES (p_limit, p_channel,
-            coalesce((SELECT t.vtime FROM fairqueue.limit_turn t WHERE t.limit_name = p_limit
-                      ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1), 0))
+    SELECT n.limit_name, n.channel,
+           coalesce((SELECT t.vtime FROM fairqueue.limit_turn t WHERE t.limit_name = n.limit_name
+                     ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1), 0)
+    FROM (SELECT DISTINCT u.limit_name, u.channel FROM unnest(p_limits, p_channels) AS u(limit_name, channel)) AS n
+    ORDER BY n.limit_name, n.channel
     ON CONFLICT (limit_name, channel) DO NOTHING;
     UPDATE fairqueue.shared_limit l
     SET due_at = least(coalesce(l.due_at, 'infinity'),
                        CASE WHEN fairqueue._limit_tokens(l, p_now) < 1
                             THEN p_now + make_interval(secs => (1 - fairqueue._limit_tokens(l, p_now)) / l.rate_per_second)
                             ELSE p_now END)
-    WHERE l.name = p_limit
+    WHERE l.name = ANY (p_limits)
       AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency OR fairqueue._limit_tokens(l, p_now) < 1);
+END $$;
+
+-- Puts one job in the line of a shared limit (_join_lines).
+CREATE FUNCTION fairqueue._wait_for_limit(p_job_id bigint, p_limit text, p_channel text, p_attempt integer,
+                                          p_rank smallint, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM fairqueue._join_lines(ARRAY[p_job_id], ARRAY[p_limit], ARRAY[p_channel], ARRAY[p_attempt],
+                                  ARRAY[p_rank], p_now);
 END $$;
 
 -- Makes a job ready if it gets a slot of each of its shared limits (p_limits), or puts it in the line
 -- of the first limit that has none to give (or has jobs waiting already: no job jumps the line).
--- Called by the intake only. It never waits: if another transaction holds one of the limits' rows,
+-- Called by the intake only (_gate_all). It never waits: if another transaction holds one of the limits' rows,
 -- the job stays in scheduled_job, placed, and limit_release asks the next holder of its first limit's
 -- row to put it in that line (fq0016). Returns the channel if the job became ready.
 CREATE FUNCTION fairqueue._gate(p_job_id bigint, p_channel text, p_attempt integer, p_now timestamptz,
@@ -178,11 +196,111 @@ BEGIN
     RETURN p_channel;
 END $$;
 
+-- Gates the jobs the intake found due (p_ids at p_attempts) as _gate would one by one in enqueue
+-- order, with a statement per step for the whole set where no job's outcome depends on another's:
+-- the limits' rows are locked at once (SKIP LOCKED; a job with a limit whose row another transaction
+-- holds takes the busy path of _gate), and every job that uses a limit with no slot to give (no room,
+-- no token, or a line already) joins the line of the first such limit, by name, all in one go. Then
+-- the first job left, whose limits all have room, takes its slots (_gate), and the check repeats with
+-- what it left. Returns the ids of the jobs made ready.
+CREATE FUNCTION fairqueue._gate_all(p_ids bigint[], p_attempts integer[], p_now timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_names    text[];
+    v_locked   text[];
+    v_busy     text[];
+    v_blocked  text[];
+    v_made     bigint[] := '{}';
+    v_job      record;
+    v_ids      bigint[];
+    v_limits   text[];
+    v_channels text[];
+    v_attempts integer[];
+    v_ranks    smallint[];
+    v_rest     bigint[];
+BEGIN
+    v_names := ARRAY(
+        SELECT DISTINCT l.name
+        FROM unnest(p_ids) AS g(id)
+        CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+        CROSS JOIN LATERAL unnest(j.limits) AS l(name));
+    v_locked := ARRAY(SELECT name FROM fairqueue.shared_limit WHERE name = ANY (v_names)
+                      ORDER BY name FOR NO KEY UPDATE SKIP LOCKED);
+    v_busy := ARRAY(SELECT name FROM fairqueue.shared_limit WHERE name = ANY (v_names) AND NOT (name = ANY (v_locked)));
+    IF cardinality(v_locked) > 0
+       AND (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (v_locked) LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._apply_releases(v_locked);
+    END IF;
+    IF cardinality(v_busy) > 0 THEN
+        -- another transaction holds one of these jobs' limits' rows (usually another claim's intake,
+        -- until its claim commits): the busy path of _gate, for each of them
+        WITH busy AS (
+            SELECT g.id, j.channel, g.attempt, j.limits[1] AS first_limit
+            FROM unnest(p_ids, p_attempts) AS g(id, attempt)
+            CROSS JOIN LATERAL (SELECT channel, limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            WHERE j.limits && v_busy
+        ),
+        parked AS (
+            INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+            SELECT b.id, b.channel, p_now + interval '1 second', b.attempt, true FROM busy b ORDER BY b.id
+        )
+        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt)
+        SELECT b.first_limit, 0, b.id, b.attempt FROM busy b ORDER BY b.id;
+    END IF;
+    v_rest := ARRAY(
+        SELECT g.id FROM unnest(p_ids) AS g(id)
+        CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+        WHERE NOT (j.limits && v_busy) ORDER BY g.id);
+    LOOP
+        -- the limits that give no slot now: no room, no token, or jobs waiting already (none jumps
+        -- the line); every job left that uses one joins the line of the first of them
+        v_blocked := ARRAY(
+            SELECT l.name FROM fairqueue.shared_limit l
+            WHERE l.name = ANY (v_locked)
+              AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
+                   OR fairqueue._limit_tokens(l, p_now) < 1
+                   OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
+            ORDER BY l.name);
+        IF cardinality(v_blocked) > 0 THEN
+            SELECT array_agg(g.id ORDER BY g.id), array_agg(b.name ORDER BY g.id), array_agg(j.channel ORDER BY g.id),
+                   array_agg(a.attempt ORDER BY g.id), array_agg(-j.priority ORDER BY g.id)
+            INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
+            FROM unnest(v_rest) AS g(id)
+            JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
+            CROSS JOIN LATERAL (SELECT channel, priority, limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            CROSS JOIN LATERAL (SELECT n.name FROM unnest(j.limits) AS n(name) WHERE n.name = ANY (v_blocked)
+                                ORDER BY n.name LIMIT 1) AS b;
+            IF v_ids IS NOT NULL THEN
+                PERFORM fairqueue._join_lines(v_ids, v_limits, v_channels, v_attempts, v_ranks, p_now);
+                v_rest := ARRAY(SELECT r FROM unnest(v_rest) AS r WHERE NOT (r = ANY (v_ids)) ORDER BY r);
+            END IF;
+        END IF;
+        EXIT WHEN cardinality(v_rest) = 0;
+        -- the first job left has room in every one of its limits: it takes its slots, which may leave
+        -- none for the next
+        SELECT g.id, j.channel, j.priority, j.fair_key, j.limits, a.attempt INTO v_job
+        FROM (SELECT v_rest[1] AS id) AS g
+        JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
+        CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j;
+        IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
+                           v_job.limits) IS NOT NULL THEN
+            v_made := v_made || v_job.id;
+        END IF;
+        v_rest := v_rest[2:];
+    END LOOP;
+    RETURN v_made;
+END $$;
+
 -- Hands the free slots of shared limits that are due (shared_limit.due_at, or slots given back in
--- limit_release) to the jobs waiting for them, and makes those jobs ready: one slot at a time, to the waiting channel with the lowest vtime
--- in the limit's line (each slot adds 1 to it), that channel's jobs by priority, then enqueue order.
--- A job that uses other limits too takes their slots at the same moment, or moves to the line of
--- the first one that has none. Limits another transaction holds are skipped (their due_at stays).
+-- limit_release) to the jobs waiting for them, and makes those jobs ready: one slot at a time, to the
+-- waiting channel with the lowest vtime in the limit's line (each slot adds 1 to it), that channel's
+-- jobs by priority, then enqueue order. The slots are handed out a set at a time (fq0019): with r
+-- slots to give, a channel's n-th waiting job would come when its vtime has grown by n - 1, so the r
+-- slots go to the r lowest (vtime + n - 1, channel), which all come from the r channels lowest in
+-- turn: the same jobs, in the same order, as one at a time. A job that uses other limits too is
+-- handed its slot alone, and takes their slots at the same moment or moves to the line of the first
+-- one that has none. Limits another transaction holds are skipped (their due_at stays).
 -- Returns the ids of the jobs made ready (the intake wakes their channels and keys).
 CREATE FUNCTION fairqueue._open_limits(p_now timestamptz)
 RETURNS bigint[]
@@ -192,7 +310,11 @@ DECLARE
     v_name    text;
     v_lim     fairqueue.shared_limit%ROWTYPE;
     v_tokens  double precision;
-    v_channel text;
+    v_room    integer;
+    v_empty   text[];
+    v_next    bigint[];
+    v_multi   bigint;
+    v_got     bigint[];
     v_wait    fairqueue.limit_waiting%ROWTYPE;
     v_job     record;
     v_others  text[];
@@ -224,31 +346,53 @@ BEGIN
                 v_stop := 'rate';
                 EXIT;
             END IF;
-            SELECT t.channel INTO v_channel FROM fairqueue.limit_turn t
-            WHERE t.limit_name = v_name ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1;
-            IF NOT FOUND THEN
-                v_stop := 'empty';
+            v_room := least(1000 - v_given, coalesce(v_lim.max_concurrency - v_lim.held, 1000),
+                            coalesce(least(floor(v_tokens), 1000)::integer, 1000));
+            -- the next v_room jobs in turn, and the channels among the lowest in turn with none left
+            WITH turns AS MATERIALIZED (
+                SELECT t.channel, t.vtime FROM fairqueue.limit_turn t
+                WHERE t.limit_name = v_name ORDER BY t.limit_name, t.vtime, t.channel LIMIT v_room
+            ),
+            cand AS MATERIALIZED (
+                SELECT t.channel, t.vtime + w.n - 1 AS vt, w.n, w.job_id
+                FROM turns t
+                LEFT JOIN LATERAL (
+                    SELECT x.job_id, row_number() OVER (ORDER BY x.rank, x.job_id) AS n
+                    FROM (SELECT w.job_id, w.rank FROM fairqueue.limit_waiting w
+                          WHERE w.limit_name = v_name AND w.channel = t.channel
+                          ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT v_room) AS x
+                ) AS w ON true
+            )
+            SELECT ARRAY(SELECT c.channel FROM cand c WHERE c.job_id IS NULL),
+                   ARRAY(SELECT c.job_id FROM cand c WHERE c.job_id IS NOT NULL ORDER BY c.vt, c.channel, c.n
+                         LIMIT v_room)
+            INTO v_empty, v_next;
+            IF cardinality(v_empty) > 0 THEN
+                -- channels with no job left in this line (cancelled, or moved to another line): they
+                -- leave it, and the slots are counted again without them
+                DELETE FROM fairqueue.limit_turn t
+                WHERE t.limit_name = v_name AND t.channel = ANY (v_empty)
+                  AND NOT EXISTS (SELECT 1 FROM fairqueue.limit_waiting w
+                                  WHERE w.limit_name = v_name AND w.channel = t.channel);
+                CONTINUE WHEN FOUND;
+            END IF;
+            IF cardinality(v_next) = 0 THEN
+                v_stop := CASE WHEN cardinality(v_empty) > 0 THEN 'busy' ELSE 'empty' END;
                 EXIT;
             END IF;
-            SELECT * INTO v_wait FROM fairqueue.limit_waiting w
-            WHERE w.limit_name = v_name AND w.channel = v_channel
-            ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT 1
-            FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                -- the channel has no job left in this line (or only one being cancelled right now)
-                DELETE FROM fairqueue.limit_turn t
-                WHERE t.limit_name = v_name AND t.channel = v_channel
-                  AND NOT EXISTS (SELECT 1 FROM fairqueue.limit_waiting w
-                                  WHERE w.limit_name = v_name AND w.channel = v_channel);
+            -- the first of them that uses other limits too, if any, is handed its slot alone
+            v_multi := (SELECT min(u.o) FROM unnest(v_next) WITH ORDINALITY AS u(id, o)
+                        CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = u.id LIMIT 1) AS j
+                        WHERE cardinality(j.limits) > 1);
+            IF v_multi = 1 THEN
+                SELECT * INTO v_wait FROM fairqueue.limit_waiting w
+                WHERE w.job_id = v_next[1] AND w.limit_name = v_name FOR UPDATE SKIP LOCKED;
                 IF NOT FOUND THEN
-                    v_stop := 'busy';
+                    v_stop := 'busy';  -- being cancelled right now
                     EXIT;
                 END IF;
-                CONTINUE;
-            END IF;
-            SELECT j.priority, j.fair_key, j.limits INTO v_job FROM fairqueue.job j WHERE j.id = v_wait.job_id;
-            v_others := array_remove(v_job.limits, v_name);
-            IF cardinality(v_others) > 0 THEN
+                SELECT j.priority, j.fair_key, j.limits INTO v_job FROM fairqueue.job j WHERE j.id = v_wait.job_id;
+                v_others := array_remove(v_job.limits, v_name);
                 IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (v_others)
                                           ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
                    < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (v_others)) THEN
@@ -274,15 +418,38 @@ BEGIN
                     tokens = coalesce(fairqueue._limit_tokens(l, p_now) - 1, l.tokens),
                     tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
                 WHERE l.name = ANY (v_others);
+                v_next := ARRAY[v_wait.job_id];
+            ELSIF v_multi IS NOT NULL THEN
+                v_next := v_next[1:v_multi - 1];
             END IF;
-            v_lim.held := v_lim.held + 1;
-            v_tokens := v_tokens - 1;
-            v_given := v_given + 1;
-            DELETE FROM fairqueue.limit_waiting WHERE job_id = v_wait.job_id;
-            UPDATE fairqueue.limit_turn SET vtime = vtime + 1 WHERE limit_name = v_name AND channel = v_wait.channel;
-            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-            VALUES (v_wait.job_id, v_wait.channel, v_wait.attempt, p_now, v_wait.rank, v_job.fair_key);
-            v_ready := v_ready || v_wait.job_id;
+            WITH taken AS (
+                DELETE FROM fairqueue.limit_waiting w
+                WHERE w.job_id = ANY (ARRAY(SELECT x.job_id FROM fairqueue.limit_waiting x
+                                            WHERE x.job_id = ANY (v_next) AND x.limit_name = v_name
+                                            FOR UPDATE SKIP LOCKED))
+                RETURNING w.job_id, w.channel, w.attempt, w.rank
+            ),
+            turned AS (
+                UPDATE fairqueue.limit_turn t SET vtime = t.vtime + g.n
+                FROM (SELECT k.channel, count(*) AS n FROM taken k GROUP BY k.channel) AS g
+                WHERE t.limit_name = v_name AND t.channel = g.channel
+            ),
+            ready AS (
+                INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+                SELECT k.job_id, k.channel, k.attempt, p_now, k.rank, j.fair_key
+                FROM taken k CROSS JOIN LATERAL (SELECT fair_key FROM fairqueue.job WHERE id = k.job_id LIMIT 1) AS j
+                ORDER BY k.job_id
+                RETURNING job_id
+            )
+            SELECT coalesce(array_agg(ready.job_id ORDER BY ready.job_id), '{}') INTO v_got FROM ready;
+            IF cardinality(v_got) = 0 THEN
+                v_stop := 'busy';  -- every one of them is being cancelled right now
+                EXIT;
+            END IF;
+            v_lim.held := v_lim.held + cardinality(v_got);
+            v_tokens := v_tokens - cardinality(v_got);
+            v_given := v_given + cardinality(v_got);
+            v_ready := v_ready || v_got;
         END LOOP;
         UPDATE fairqueue.shared_limit l
         SET held = v_lim.held,

@@ -391,6 +391,87 @@ def test_a_job_whose_limit_is_held_elsewhere_joins_the_line_at_the_next_intake(
     _assert_limits_consistent(conn)
 
 
+def _one_at_a_time(
+    turns: dict[str, float], waiting: dict[str, list[tuple[int, int]]], slots: int
+) -> tuple[set[int], dict[str, float]]:
+    """The reference for a limit's handout: each slot to the waiting channel lowest in turn (by vtime,
+    then name), its job first by rank then enqueue order, and 1 added to that channel's vtime."""
+    turns, waiting = dict(turns), {c: sorted(jobs) for c, jobs in waiting.items()}
+    given: set[int] = set()
+    for _ in range(slots):
+        open_ = [c for c in turns if waiting.get(c)]
+        if not open_:
+            break
+        channel = min(open_, key=lambda c: (turns[c], c))
+        given.add(waiting[channel].pop(0)[1])
+        turns[channel] += 1
+    return given, turns
+
+
+def test_slots_handed_out_together_go_to_the_jobs_one_at_a_time_would_pick(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """_open_limits hands a limit's free slots out a set at a time (fq0019): the jobs, and the turns
+    the channels are left at, must be those of handing them out one by one. The channels start at
+    different points in the line and one job has a higher priority, so handing the slots out in
+    plain rounds, or by enqueue order, gives other jobs."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    blocker = fairqueue.enqueue(conn, "k", channel="zz", limits=["api"])
+    assert [j.id for j in _claim(conn, worker, 5)] == [blocker]
+    _enqueue(conn, "a", 6, ["api"])
+    _enqueue(conn, "b", 3, ["api"])
+    urgent = fairqueue.enqueue(conn, "k", channel="b", limits=["api"], priority=5)
+    _enqueue(conn, "c", 2, ["api"])
+    assert _claim(conn, worker, 5) == []  # they all wait in the line
+    conn.execute(
+        "UPDATE fairqueue.limit_turn SET vtime = CASE channel WHEN 'a' THEN 0 WHEN 'b' THEN 2 ELSE 2.5 END"
+        " WHERE limit_name = 'api'"
+    )
+    turns = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
+    waiting: dict[str, list[tuple[int, int]]] = {}
+    for channel, rank, job_id in conn.execute(
+        "SELECT channel, rank, job_id FROM fairqueue.limit_waiting WHERE limit_name = 'api'"
+    ).fetchall():
+        waiting.setdefault(channel, []).append((rank, job_id))
+    expected, expected_turns = _one_at_a_time(turns, waiting, 6)
+    assert urgent in expected
+    fairqueue.finish(conn, worker, [Outcome(blocker)])
+    fairqueue.configure_limit(conn, "api", max_concurrency=6)  # 6 free slots at once
+    got = {j.id for _ in range(3) for j in _claim(conn, worker, 20)}
+    assert got == expected
+    left = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
+    assert left == {c: v for c, v in expected_turns.items() if c in left}
+    _assert_limits_consistent(conn)
+
+
+def test_an_intake_gates_the_jobs_it_takes_in_as_one_at_a_time_would(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """The jobs one intake finds due are gated together (_gate_all, fq0019), and the slots go as
+    gating them in enqueue order would give them: the first to come take the free slots, no cap is
+    passed, and every job that uses a full limit waits in the line of a full limit it uses, holding
+    no slot."""
+    fairqueue.configure_limit(conn, "a", max_concurrency=2)
+    fairqueue.configure_limit(conn, "b", max_concurrency=1)
+    fairqueue.configure_limit(conn, "c", max_concurrency=5)
+    ids = [
+        fairqueue.enqueue(conn, "k", channel="t1", limits=["a"]),  # a: 1 of 2
+        fairqueue.enqueue(conn, "k", channel="t1", limits=["b", "c"]),  # b: 1 of 1, c: 1 of 5
+        fairqueue.enqueue(conn, "k", channel="t2", limits=["c", "b"]),  # b is full: waits for b
+        fairqueue.enqueue(conn, "k", channel="t2", limits=["a", "c"]),  # a: 2 of 2, c: 2 of 5
+        fairqueue.enqueue(conn, "k", channel="t3", limits=["a"]),  # a is full: waits for a
+        fairqueue.enqueue(conn, "k", channel="t3", limits=["c", "a", "b"]),  # waits for a or b
+        fairqueue.enqueue(conn, "k", channel="t3", limits=["c"]),  # c: 3 of 5
+    ]
+    got = {j.id for j in _claim(conn, worker, 20)}
+    assert got == {ids[0], ids[1], ids[3], ids[6]}
+    waits = dict(conn.execute("SELECT job_id, limit_name FROM fairqueue.limit_waiting").fetchall())
+    assert waits.pop(ids[5]) in {"a", "b"}
+    assert waits == {ids[2]: "b", ids[4]: "a"}
+    assert (_held(conn, "a"), _held(conn, "b"), _held(conn, "c")) == (2, 1, 3)
+    _assert_limits_consistent(conn)
+
+
 def test_a_limited_enqueue_checks_its_names_in_the_inserts_round_trip(
     connect: Connections, conn: psycopg.Connection[Any]
 ) -> None:

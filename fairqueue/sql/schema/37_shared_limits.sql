@@ -196,13 +196,15 @@ BEGIN
     RETURN p_channel;
 END $$;
 
--- Gates the jobs the intake found due (p_ids at p_attempts) as _gate would one by one in enqueue
--- order, with a statement per step for the whole set where no job's outcome depends on another's:
--- the limits' rows are locked at once (SKIP LOCKED; a job with a limit whose row another transaction
--- holds takes the busy path of _gate), and every job that uses a limit with no slot to give (no room,
--- no token, or a line already) joins the line of the first such limit, by name, all in one go. Then
--- the first job left, whose limits all have room, takes its slots (_gate), and the check repeats with
--- what it left. Returns the ids of the jobs made ready.
+-- Gates the jobs the intake found due (p_ids at p_attempts), in enqueue order as to the slots, with a
+-- statement per step for the whole set where no job's outcome depends on another's: the limits' rows
+-- are locked at once (SKIP LOCKED; a job with a limit whose row another transaction holds takes the
+-- busy path of _gate), and every job that uses a limit with no slot to give (no room, no token, or a
+-- line already) joins the line of the first such limit, by name, all in one go. Then the first job
+-- left, whose limits all have room, takes its slots (_gate), and the check repeats with what it
+-- left. A job may so wait in another of its full limits' lines than one by one (which line does not
+-- matter: when it is handed that slot it takes the others or moves to the next full one's line).
+-- Returns the ids of the jobs made ready.
 CREATE FUNCTION fairqueue._gate_all(p_ids bigint[], p_attempts integer[], p_now timestamptz)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$

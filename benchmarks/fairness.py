@@ -40,12 +40,16 @@
    slot given back) is charged to initech; 20 waits 20 ms, as a call to an external API does, so
    the fleet is bound by its slots.
 
-    python -m benchmarks.fairness --only shared-limit --limit 8 [--job-ms 0,20]
+    python -m benchmarks.fairness --only shared-limit --limit 8 [--job-ms 0,20] [--pairs 3]
+
+   With --pairs N the runs with and without the limit alternate N times, and the figures are the
+   medians (the ratio's range over the pairs is shown too).
 """
 
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 import time
 from typing import Any
@@ -343,14 +347,22 @@ def _limit_run(run: Run, args: Any, *, limited: bool, job_ms: int = 0) -> tuple[
 
 
 def shared_limit(run: Run, args: Any, job_ms: int = 0) -> dict[str, Any]:
-    """Scenario 4: two tenants flood a shared limit, a third runs without it (and alone, for comparison)."""
-    control, _ = _limit_run(run, args, limited=False, job_ms=job_ms)
-    rates, most = _limit_run(run, args, limited=True, job_ms=job_ms)
+    """Scenario 4: two tenants flood a shared limit, a third runs without it; and the same three
+    without the limit, for comparison. The two kinds of run alternate, --pairs times (this machine's
+    fleet rate moves by a third between runs minutes apart): each pair's ratio compares runs made
+    one after the other, and the figures reported are the medians."""
+    pairs = []
+    for _ in range(getattr(args, "pairs", 1)):
+        control, _ = _limit_run(run, args, limited=False, job_ms=job_ms)
+        rates, most = _limit_run(run, args, limited=True, job_ms=job_ms)
+        # what the fleet had left for initech: its rate without the limit, less what the limited tenants ran
+        left = sum(control.values()) - rates["acme"] - rates["globex"]
+        pairs.append((control, rates, most, rates["initech"] / left if left > 0 else 0.0))
+    rates = {c: statistics.median(p[1][c] for p in pairs) for c in TENANTS}
+    fleet = statistics.median(sum(p[0].values()) for p in pairs)
+    most = max(p[2] for p in pairs)
+    full_speed = statistics.median(p[3] for p in pairs)
     index = jain([rates["acme"], rates["globex"]])
-    # what the fleet had left for initech: its rate without the limit, less what the limited tenants ran
-    fleet = sum(control.values())
-    left = fleet - rates["acme"] - rates["globex"]
-    full_speed = rates["initech"] / left if left > 0 else 0.0
     return {
         "system": Fairqueue(args.processes, args.concurrency, args.batch).label,
         "job_ms": job_ms,
@@ -360,18 +372,38 @@ def shared_limit(run: Run, args: Any, job_ms: int = 0) -> dict[str, Any]:
         "jain_limited": index,
         "most_holding": most,
         "initech_vs_left": full_speed,
+        "pairs": [
+            {
+                "fleet_without_limit_per_s": round(sum(c.values()), 1),
+                "per_tenant_per_s": {t: round(x, 1) for t, x in r.items()},
+                "initech_vs_left": ratio,
+            }
+            for c, r, _, ratio in pairs
+        ],
         "target_met": {"jain": index >= 0.99, "cap": most <= args.limit, "full_speed": full_speed >= 0.9},
     }
 
 
+def _pair_range(r: dict[str, Any]) -> str:
+    ratios = [p["initech_vs_left"] for p in r.get("pairs", [])]
+    return f"; pairs {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
+
+
 def shared_limit_table(results: list[dict[str, Any]], args: Any) -> list[str]:
     first = results[0]
+    pairs = getattr(args, "pairs", 1)
     lines = [
         f"A shared limit, for {args.seconds:g} s: acme and globex keep a backlog of jobs that use the shared limit "
         f'"api" ({first["limit"]} at once); initech keeps a backlog of jobs without it. {first["system"]}. A job '
         "does nothing (the database's work per job is all there is: the fleet is bound by the queue's "
         "bookkeeping), or waits a number of milliseconds, as a call to an external API does (the fleet is "
-        "bound by its slots):",
+        "bound by its slots)"
+        + (
+            f". Runs with and without the limit alternate, {pairs} of each per job; medians, and the range of the "
+            "ratio of each pair of runs made one after the other:"
+            if pairs > 1
+            else ":"
+        ),
         "",
         "| job | acme / globex started (with the limit) | Jain's index of the two | target >= 0.99 | most holding "
         "the limit (sampled) | target <= the limit | initech started / the fleet without the limit less acme and "
@@ -386,7 +418,7 @@ def shared_limit_table(results: list[dict[str, Any]], args: Any) -> list[str]:
             f"| {job} | {rates['acme']:,.1f} / {rates['globex']:,.1f} jobs/s | {r['jain_limited']:.4f} | "
             f"{target_cell('fairqueue', met['jain'])} | {r['most_holding']} | {target_cell('fairqueue', met['cap'])} | "
             f"{rates['initech']:,.1f} / ({r['fleet_without_limit_per_s']:,.1f} - "
-            f"{rates['acme'] + rates['globex']:,.1f}) jobs/s ({r['initech_vs_left']:.2f}) | "
+            f"{rates['acme'] + rates['globex']:,.1f}) jobs/s ({r['initech_vs_left']:.2f}{_pair_range(r)}) | "
             f"{target_cell('fairqueue', met['full_speed'])} |"
         )
     return lines
@@ -468,6 +500,9 @@ def main() -> None:
         "--job-ms",
         default="0,20",
         help="scenario 4's job durations in ms, comma-separated; 0 does nothing (default 0,20: one pair of runs each)",
+    )
+    p.add_argument(
+        "--pairs", type=int, default=1, help="scenario 4: runs with and without the limit, alternating (default 1)"
     )
     args = p.parse_args()
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)

@@ -68,15 +68,18 @@ def start_worker(db_url: str) -> Iterator[Starter]:
         return worker
 
     yield start
-    for worker, thread in running:
+    for worker, _ in running:
         worker.abort()
-        thread.join(10)
+    # release the handlers still held at a gate or a barrier before waiting for the workers: a worker
+    # thread left running past the test logs into the stream pytest has closed by then
     for key in list(t.GATES):
         t.GATES[key].set()
-    t.GATES.clear()
-    t.CALLS.clear()
     for barrier in t.BARRIERS.values():
         barrier.abort()
+    for _, thread in running:
+        thread.join(10)
+    t.GATES.clear()
+    t.CALLS.clear()
     t.BARRIERS.clear()
 
 

@@ -444,6 +444,46 @@ def test_slots_handed_out_together_go_to_the_jobs_one_at_a_time_would_pick(
     _assert_limits_consistent(conn)
 
 
+def test_more_slots_than_a_set_go_as_one_at_a_time_too(conn: psycopg.Connection[Any], worker: int) -> None:
+    """100 slots at once (a whole set), then 100 more: the lowest channel in turn is far ahead of
+    the next, so it takes the first set alone, and the lowest of all has no job left in the line
+    (it was cancelled): it leaves the line, and the slots are counted again without it."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    blocker = fairqueue.enqueue(conn, "k", channel="zz", limits=["api"])
+    assert [j.id for j in _claim(conn, worker, 5)] == [blocker]
+    _enqueue(conn, "a", 150, ["api"])
+    _enqueue(conn, "b", 100, ["api"])
+    gone = fairqueue.enqueue(conn, "k", channel="c", limits=["api"])
+    assert _claim(conn, worker, 5) == []
+    assert fairqueue.cancel(conn, gone) == "cancelled"
+    conn.execute(
+        "UPDATE fairqueue.limit_turn SET vtime = CASE channel WHEN 'a' THEN 0 WHEN 'b' THEN 120 ELSE -5 END"
+        " WHERE limit_name = 'api'"
+    )
+    turns = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
+    assert set(turns) == {"a", "b", "c"}
+    waiting: dict[str, list[tuple[int, int]]] = {}
+    for channel, rank, job_id in conn.execute(
+        "SELECT channel, rank, job_id FROM fairqueue.limit_waiting WHERE limit_name = 'api'"
+    ).fetchall():
+        waiting.setdefault(channel, []).append((rank, job_id))
+    fairqueue.finish(conn, worker, [Outcome(blocker)])
+    got: set[int] = set()
+    for slots in (100, 200):  # one set, then a second
+        expected, expected_turns = _one_at_a_time(turns, waiting, slots)
+        fairqueue.configure_limit(conn, "api", max_concurrency=slots)
+        for _ in range(50):
+            batch = _claim(conn, worker, 100)
+            if not batch:
+                break
+            got.update(j.id for j in batch)
+        assert got == expected, slots
+    left = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
+    assert "c" not in left
+    assert left == {c: v for c, v in expected_turns.items() if c in left}
+    _assert_limits_consistent(conn)
+
+
 def test_an_intake_gates_the_jobs_it_takes_in_as_one_at_a_time_would(
     conn: psycopg.Connection[Any], worker: int
 ) -> None:

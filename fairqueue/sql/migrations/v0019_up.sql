@@ -95,6 +95,7 @@ DECLARE
     v_attempts integer[];
     v_ranks    smallint[];
     v_rest     bigint[];
+    v_seen     integer := 0;
 BEGIN
     v_names := ARRAY(
         SELECT DISTINCT l.name
@@ -138,7 +139,9 @@ BEGIN
                    OR fairqueue._limit_tokens(l, p_now) < 1
                    OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
             ORDER BY l.name);
-        IF cardinality(v_blocked) > 0 THEN
+        -- (the limits blocked only grow: the jobs left are looked at again only when one more is)
+        IF cardinality(v_blocked) > v_seen THEN
+            v_seen := cardinality(v_blocked);
             SELECT array_agg(g.id ORDER BY g.id), array_agg(b.name ORDER BY g.id), array_agg(j.channel ORDER BY g.id),
                    array_agg(a.attempt ORDER BY g.id), array_agg(-j.priority ORDER BY g.id)
             INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
@@ -215,12 +218,17 @@ BEGIN
                 v_stop := 'rate';
                 EXIT;
             END IF;
-            v_room := least(1000 - v_given, coalesce(v_lim.max_concurrency - v_lim.held, 1000),
+            -- at most 100 slots a set (the next set follows in the same call)
+            v_room := least(100, 1000 - v_given, coalesce(v_lim.max_concurrency - v_lim.held, 1000),
                             coalesce(least(floor(v_tokens), 1000)::integer, 1000));
-            -- the next v_room jobs in turn, and the channels among the lowest in turn with none left
+            -- The next v_room jobs in turn, and the channels among the lowest in turn with none left.
+            -- The p-th channel in turn (from 0) comes after the first job of each of the p before it,
+            -- so at most v_room - p of its jobs can be among them: v_room * (v_room + 1) / 2 rows read
+            -- at most.
             WITH turns AS MATERIALIZED (
-                SELECT t.channel, t.vtime FROM fairqueue.limit_turn t
-                WHERE t.limit_name = v_name ORDER BY t.limit_name, t.vtime, t.channel LIMIT v_room
+                SELECT t.channel, t.vtime, (row_number() OVER (ORDER BY t.vtime, t.channel) - 1)::integer AS p
+                FROM (SELECT t.channel, t.vtime FROM fairqueue.limit_turn t
+                      WHERE t.limit_name = v_name ORDER BY t.limit_name, t.vtime, t.channel LIMIT v_room) AS t
             ),
             cand AS MATERIALIZED (
                 SELECT t.channel, t.vtime + w.n - 1 AS vt, w.n, w.job_id
@@ -229,7 +237,7 @@ BEGIN
                     SELECT x.job_id, row_number() OVER (ORDER BY x.rank, x.job_id) AS n
                     FROM (SELECT w.job_id, w.rank FROM fairqueue.limit_waiting w
                           WHERE w.limit_name = v_name AND w.channel = t.channel
-                          ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT v_room) AS x
+                          ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT v_room - t.p) AS x
                 ) AS w ON true
             )
             SELECT ARRAY(SELECT c.channel FROM cand c WHERE c.job_id IS NULL),

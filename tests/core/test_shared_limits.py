@@ -391,6 +391,19 @@ def test_a_job_whose_limit_is_held_elsewhere_joins_the_line_at_the_next_intake(
     _assert_limits_consistent(conn)
 
 
+def _line(db: psycopg.Connection[Any], limit: str) -> tuple[dict[str, float], dict[str, list[tuple[int, int]]]]:
+    """A limit's line: each waiting channel's vtime, and its jobs as (rank, id)."""
+    turns = dict(
+        db.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = %s", (limit,)).fetchall()
+    )
+    waiting: dict[str, list[tuple[int, int]]] = {}
+    for channel, rank, job_id in db.execute(
+        "SELECT channel, rank, job_id FROM fairqueue.limit_waiting WHERE limit_name = %s", (limit,)
+    ).fetchall():
+        waiting.setdefault(channel, []).append((rank, job_id))
+    return turns, waiting
+
+
 def _one_at_a_time(
     turns: dict[str, float], waiting: dict[str, list[tuple[int, int]]], slots: int
 ) -> tuple[set[int], dict[str, float]]:
@@ -427,12 +440,7 @@ def test_slots_handed_out_together_go_to_the_jobs_one_at_a_time_would_pick(
         "UPDATE fairqueue.limit_turn SET vtime = CASE channel WHEN 'a' THEN 0 WHEN 'b' THEN 2 ELSE 2.5 END"
         " WHERE limit_name = 'api'"
     )
-    turns = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
-    waiting: dict[str, list[tuple[int, int]]] = {}
-    for channel, rank, job_id in conn.execute(
-        "SELECT channel, rank, job_id FROM fairqueue.limit_waiting WHERE limit_name = 'api'"
-    ).fetchall():
-        waiting.setdefault(channel, []).append((rank, job_id))
+    turns, waiting = _line(conn, "api")
     expected, expected_turns = _one_at_a_time(turns, waiting, 6)
     assert urgent in expected
     fairqueue.finish(conn, worker, [Outcome(blocker)])
@@ -460,13 +468,8 @@ def test_more_slots_than_a_set_go_as_one_at_a_time_too(conn: psycopg.Connection[
         "UPDATE fairqueue.limit_turn SET vtime = CASE channel WHEN 'a' THEN 0 WHEN 'b' THEN 120 ELSE -5 END"
         " WHERE limit_name = 'api'"
     )
-    turns = dict(conn.execute("SELECT channel, vtime FROM fairqueue.limit_turn WHERE limit_name = 'api'").fetchall())
+    turns, waiting = _line(conn, "api")
     assert set(turns) == {"a", "b", "c"}
-    waiting: dict[str, list[tuple[int, int]]] = {}
-    for channel, rank, job_id in conn.execute(
-        "SELECT channel, rank, job_id FROM fairqueue.limit_waiting WHERE limit_name = 'api'"
-    ).fetchall():
-        waiting.setdefault(channel, []).append((rank, job_id))
     fairqueue.finish(conn, worker, [Outcome(blocker)])
     got: set[int] = set()
     for slots in (100, 200):  # one set, then a second

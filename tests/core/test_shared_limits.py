@@ -182,6 +182,19 @@ def test_a_rate_limit_lets_through_its_burst_then_one_per_token(conn: psycopg.Co
     _assert_limits_consistent(conn)
 
 
+def test_jobs_that_all_fit_take_their_slots_and_tokens_together(conn: psycopg.Connection[Any], worker: int) -> None:
+    """An intake whose jobs all fit in their limits (room and tokens for every one of them) lets
+    them take their slots together (fq0019): each one still spends a slot and a token."""
+    fairqueue.configure_limit(conn, "mail", max_concurrency=5, rate_limit="1/h", burst=3)
+    _enqueue(conn, "acme", 2, ["mail"])
+    assert len(_claim(conn, worker, 10)) == 2  # both fit: 2 of 5 slots, 2 of 3 tokens
+    assert _held(conn, "mail") == 2
+    _enqueue(conn, "acme", 2, ["mail"])
+    assert len(_claim(conn, worker, 10)) == 1  # one token left
+    assert _claim(conn, worker, 10) == []
+    _assert_limits_consistent(conn)
+
+
 def test_a_job_with_two_limits_takes_both_slots_at_once(conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.configure_limit(conn, "a", max_concurrency=1)
     fairqueue.configure_limit(conn, "b", max_concurrency=1)

@@ -156,6 +156,42 @@ BEGIN
             END IF;
         END IF;
         EXIT WHEN cardinality(v_rest) = 0;
+        -- When every limit the jobs left use has room and tokens for all of them at once (a limit
+        -- that does not bind), no job's outcome depends on another's: they take their slots together.
+        IF NOT EXISTS (
+            SELECT 1
+            FROM (SELECT n.name, count(DISTINCT g.id) AS c
+                  FROM unnest(v_rest) AS g(id)
+                  CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+                  CROSS JOIN LATERAL unnest(j.limits) AS n(name)
+                  GROUP BY n.name) AS u
+            JOIN fairqueue.shared_limit l ON l.name = u.name
+            WHERE (l.max_concurrency IS NOT NULL AND l.held + u.c > l.max_concurrency)
+               OR fairqueue._limit_tokens(l, p_now) < u.c
+        ) THEN
+            WITH uses AS (
+                SELECT n.name, count(DISTINCT g.id)::integer AS c
+                FROM unnest(v_rest) AS g(id)
+                CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+                CROSS JOIN LATERAL unnest(j.limits) AS n(name)
+                GROUP BY n.name
+            ),
+            taken AS (
+                UPDATE fairqueue.shared_limit l
+                SET held = l.held + u.c,
+                    tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
+                    tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+                FROM uses u
+                WHERE l.name = u.name
+            )
+            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+            SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+            FROM unnest(v_rest) AS g(id)
+            JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
+            CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            ORDER BY g.id;
+            RETURN v_made || v_rest;
+        END IF;
         -- the first job left has room in every one of its limits: it takes its slots, which may leave
         -- none for the next
         SELECT g.id, j.channel, j.priority, j.fair_key, j.limits, a.attempt INTO v_job

@@ -200,9 +200,9 @@ END $$;
 -- statement per step for the whole set where no job's outcome depends on another's: the limits' rows
 -- are locked at once (SKIP LOCKED; a job with a limit whose row another transaction holds takes the
 -- busy path of _gate), and every job that uses a limit with no slot to give (no room, no token, or a
--- line already) joins the line of the first such limit, by name, all in one go. Then the first job
--- left, whose limits all have room, takes its slots (_gate), and the check repeats with what it
--- left. A job may so wait in another of its full limits' lines than one by one (which line does not
+-- line already) joins the line of the first such limit, by name, all in one go. If the limits of the
+-- jobs left have room for all of them at once, they all take their slots in one go; otherwise the
+-- first of them takes its slots (_gate), and the check repeats with what it left. A job may so wait in another of its full limits' lines than one by one (which line does not
 -- matter: when it is handed that slot it takes the others or moves to the next full one's line).
 -- Returns the ids of the jobs made ready.
 CREATE FUNCTION fairqueue._gate_all(p_ids bigint[], p_attempts integer[], p_now timestamptz)
@@ -282,6 +282,42 @@ BEGIN
             END IF;
         END IF;
         EXIT WHEN cardinality(v_rest) = 0;
+        -- When every limit the jobs left use has room and tokens for all of them at once (a limit
+        -- that does not bind), no job's outcome depends on another's: they take their slots together.
+        IF NOT EXISTS (
+            SELECT 1
+            FROM (SELECT n.name, count(DISTINCT g.id) AS c
+                  FROM unnest(v_rest) AS g(id)
+                  CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+                  CROSS JOIN LATERAL unnest(j.limits) AS n(name)
+                  GROUP BY n.name) AS u
+            JOIN fairqueue.shared_limit l ON l.name = u.name
+            WHERE (l.max_concurrency IS NOT NULL AND l.held + u.c > l.max_concurrency)
+               OR fairqueue._limit_tokens(l, p_now) < u.c
+        ) THEN
+            WITH uses AS (
+                SELECT n.name, count(DISTINCT g.id)::integer AS c
+                FROM unnest(v_rest) AS g(id)
+                CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+                CROSS JOIN LATERAL unnest(j.limits) AS n(name)
+                GROUP BY n.name
+            ),
+            taken AS (
+                UPDATE fairqueue.shared_limit l
+                SET held = l.held + u.c,
+                    tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
+                    tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+                FROM uses u
+                WHERE l.name = u.name
+            )
+            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+            SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+            FROM unnest(v_rest) AS g(id)
+            JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
+            CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            ORDER BY g.id;
+            RETURN v_made || v_rest;
+        END IF;
         -- the first job left has room in every one of its limits: it takes its slots, which may leave
         -- none for the next
         SELECT g.id, j.channel, j.priority, j.fair_key, j.limits, a.attempt INTO v_job

@@ -368,7 +368,7 @@ def test_a_new_job_does_not_take_a_free_slot_ahead_of_the_jobs_waiting_for_it(
     assert _claim(conn, worker, 5) == []
     fairqueue.finish(conn, worker, [Outcome(first)])
     # The slot is free and no intake has handed it out yet: say another job's placement took the slot
-    # given back off the count (_gate does, for the limits it locks) while the limit's line was left
+    # given back off the count (_gate_all does, for the limits it locks) while the limit's line was left
     # for the next intake. A job enqueued now must not take the slot ahead of the one waiting.
     conn.execute("SELECT fairqueue._apply_releases(ARRAY['api'])")
     conn.execute("UPDATE fairqueue.shared_limit SET due_at = NULL")

@@ -2,6 +2,54 @@
 -- and _open_limits hands out one slot per pass.
 
 
+CREATE FUNCTION fairqueue._gate(p_job_id bigint, p_channel text, p_attempt integer, p_now timestamptz,
+                                p_priority smallint, p_fair_key text, p_limits text[])
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_block text;
+BEGIN
+    IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (p_limits)
+                              ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
+       < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (p_limits)) THEN
+        -- Another transaction holds one of the rows (usually another claim's intake, until its claim
+        -- commits). The job stays in scheduled_job, and a row of limit_release asks the next
+        -- transaction that holds its first limit's row to put it in that line (_apply_releases):
+        -- no wait, and no gating it again and again while the rows are busy. The run_at is the
+        -- fallback, should that row stay held for long (a configure_limit in an open transaction).
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now + interval '1 second', p_attempt, true);
+        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt)
+        VALUES (p_limits[1], 0, p_job_id, p_attempt);
+        RETURN NULL;
+    END IF;
+    IF (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_limits) LIMIT 1) IS NOT NULL THEN
+        PERFORM fairqueue._apply_releases(p_limits);
+    END IF;
+    SELECT l.name INTO v_block
+    FROM fairqueue.shared_limit l
+    WHERE l.name = ANY (p_limits)
+      AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
+           OR fairqueue._limit_tokens(l, p_now) < 1
+           OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
+    ORDER BY l.name
+    LIMIT 1;
+    IF v_block IS NOT NULL THEN
+        PERFORM fairqueue._wait_for_limit(p_job_id, v_block, p_channel, p_attempt, -p_priority, p_now);
+        RETURN NULL;
+    END IF;
+    UPDATE fairqueue.shared_limit l
+    SET held = l.held + 1,
+        tokens = coalesce(fairqueue._limit_tokens(l, p_now) - 1, l.tokens),
+        tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+    WHERE l.name = ANY (p_limits);
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, p_attempt, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue._gate(bigint, text, integer, timestamptz, smallint, text, text[]) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION fairqueue._intake(p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -161,6 +209,37 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz, p_priority smallint, p_fair_key text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (p_channel, p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE channel = p_channel AND fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key, channel) VALUES (p_job_id, p_fifo_key, p_channel);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    -- A job with shared limits is placed: the next intake gives it its slots (_gate), or a line to
+    -- wait in. (A finish places jobs too, and must not take the limits' rows: see 37_shared_limits.sql.)
+    IF (SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id) IS NOT NULL THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now, 0, true);
+        PERFORM pg_notify('fairqueue', '');
+        RETURN NULL;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
 END $$;
 
 CREATE OR REPLACE FUNCTION fairqueue._open_limits(p_now timestamptz)

@@ -4,9 +4,10 @@
 -- is handed a slot later, and each of those steps ran a few statements per job (_gate, then
 -- _wait_for_limit; _open_limits one slot per pass of its loop): the claim that ran the intake took
 -- about four times as long as one without the limit. Now _gate_all gates the intake's jobs together
--- (one lock statement for their limits' rows, one insert per table for the jobs that join a line),
--- _join_lines puts a set of jobs in their lines, and _open_limits hands out the free slots a set at a
--- time, to the same jobs in the same order as one at a time. Only functions change.
+-- (one lock statement for their limits' rows, one insert per table for the jobs that join a line,
+-- one for the jobs that fit, in enqueue order) and replaces _gate, _join_lines puts a set of jobs in
+-- their lines, and _open_limits hands out the free slots a set at a time, to the same jobs in the
+-- same order as one at a time. Only functions change.
 
 
 CREATE FUNCTION fairqueue._join_lines(p_job_ids bigint[], p_limits text[], p_channels text[],
@@ -88,14 +89,14 @@ DECLARE
     v_busy     text[];
     v_blocked  text[];
     v_made     bigint[] := '{}';
-    v_job      record;
     v_ids      bigint[];
     v_limits   text[];
     v_channels text[];
     v_attempts integer[];
     v_ranks    smallint[];
     v_rest     bigint[];
-    v_seen     integer := 0;
+    v_stop     bigint;
+    v_take     bigint[];
 BEGIN
     v_names := ARRAY(
         SELECT DISTINCT l.name
@@ -110,8 +111,6 @@ BEGIN
         PERFORM fairqueue._apply_releases(v_locked);
     END IF;
     IF cardinality(v_busy) > 0 THEN
-        -- another transaction holds one of these jobs' limits' rows (usually another claim's intake,
-        -- until its claim commits): the busy path of _gate, for each of them
         WITH busy AS (
             SELECT g.id, j.channel, g.attempt, j.limits[1] AS first_limit
             FROM unnest(p_ids, p_attempts) AS g(id, attempt)
@@ -130,8 +129,7 @@ BEGIN
         CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
         WHERE NOT (j.limits && v_busy) ORDER BY g.id);
     LOOP
-        -- the limits that give no slot now: no room, no token, or jobs waiting already (none jumps
-        -- the line); every job left that uses one joins the line of the first of them
+        -- the limits that give no slot now: no room, no token, or jobs waiting already
         v_blocked := ARRAY(
             SELECT l.name FROM fairqueue.shared_limit l
             WHERE l.name = ANY (v_locked)
@@ -139,9 +137,7 @@ BEGIN
                    OR fairqueue._limit_tokens(l, p_now) < 1
                    OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
             ORDER BY l.name);
-        -- (the limits blocked only grow: the jobs left are looked at again only when one more is)
-        IF cardinality(v_blocked) > v_seen THEN
-            v_seen := cardinality(v_blocked);
+        IF cardinality(v_blocked) > 0 THEN
             SELECT array_agg(g.id ORDER BY g.id), array_agg(b.name ORDER BY g.id), array_agg(j.channel ORDER BY g.id),
                    array_agg(a.attempt ORDER BY g.id), array_agg(-j.priority ORDER BY g.id)
             INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
@@ -156,53 +152,52 @@ BEGIN
             END IF;
         END IF;
         EXIT WHEN cardinality(v_rest) = 0;
-        -- When every limit the jobs left use has room and tokens for all of them at once (a limit
-        -- that does not bind), no job's outcome depends on another's: they take their slots together.
-        IF NOT EXISTS (
-            SELECT 1
-            FROM (SELECT n.name, count(DISTINCT g.id) AS c
-                  FROM unnest(v_rest) AS g(id)
+        -- The first job, in enqueue order, that would not fit: the jobs before it and itself, counted
+        -- per limit, pass the limit's cap or its tokens. (Not the first job: its limits all give a slot.)
+        v_stop := (
+            SELECT min(u.o)
+            FROM (SELECT g.o, n.name, count(*) OVER (PARTITION BY n.name ORDER BY g.o) AS c
+                  FROM unnest(v_rest) WITH ORDINALITY AS g(id, o)
                   CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-                  CROSS JOIN LATERAL unnest(j.limits) AS n(name)
-                  GROUP BY n.name) AS u
+                  CROSS JOIN LATERAL (SELECT DISTINCT x.name FROM unnest(j.limits) AS x(name)) AS n) AS u
             JOIN fairqueue.shared_limit l ON l.name = u.name
             WHERE (l.max_concurrency IS NOT NULL AND l.held + u.c > l.max_concurrency)
-               OR fairqueue._limit_tokens(l, p_now) < u.c
-        ) THEN
-            WITH uses AS (
-                SELECT n.name, count(DISTINCT g.id)::integer AS c
-                FROM unnest(v_rest) AS g(id)
-                CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-                CROSS JOIN LATERAL unnest(j.limits) AS n(name)
-                GROUP BY n.name
-            ),
-            taken AS (
-                UPDATE fairqueue.shared_limit l
-                SET held = l.held + u.c,
-                    tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
-                    tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
-                FROM uses u
-                WHERE l.name = u.name
-            )
-            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-            SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+               OR fairqueue._limit_tokens(l, p_now) < u.c);
+        v_take := v_rest[1:coalesce(v_stop - 1, cardinality(v_rest))];
+        IF cardinality(v_take) = 0 THEN
+            -- cannot happen (the first job's limits all give a slot); should it, the jobs left go
+            -- back to scheduled_job for the next intake rather than be lost
+            INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+            SELECT g.id, j.channel, p_now + interval '1 second', a.attempt, true
             FROM unnest(v_rest) AS g(id)
             JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
-            CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            CROSS JOIN LATERAL (SELECT channel FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
             ORDER BY g.id;
-            RETURN v_made || v_rest;
+            EXIT;
         END IF;
-        -- the first job left has room in every one of its limits: it takes its slots, which may leave
-        -- none for the next
-        SELECT g.id, j.channel, j.priority, j.fair_key, j.limits, a.attempt INTO v_job
-        FROM (SELECT v_rest[1] AS id) AS g
+        WITH uses AS (
+            SELECT n.name, count(*)::integer AS c
+            FROM unnest(v_take) AS g(id)
+            CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            CROSS JOIN LATERAL (SELECT DISTINCT x.name FROM unnest(j.limits) AS x(name)) AS n
+            GROUP BY n.name
+        ),
+        taken AS (
+            UPDATE fairqueue.shared_limit l
+            SET held = l.held + u.c,
+                tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
+                tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+            FROM uses u
+            WHERE l.name = u.name
+        )
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+        FROM unnest(v_take) AS g(id)
         JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
-        CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j;
-        IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
-                           v_job.limits) IS NOT NULL THEN
-            v_made := v_made || v_job.id;
-        END IF;
-        v_rest := v_rest[2:];
+        CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+        ORDER BY g.id;
+        v_made := v_made || v_take;
+        v_rest := v_rest[cardinality(v_take) + 1:];
     END LOOP;
     RETURN v_made;
 END $$;
@@ -527,3 +522,36 @@ BEGIN
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
 END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._place_after_dependencies(p_job_id bigint, p_channel text, p_fifo_key text,
+                                                    p_now timestamptz, p_priority smallint, p_fair_key text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_fifo_key IS NOT NULL THEN
+        LOOP
+            INSERT INTO fairqueue.fifo_holder (channel, fifo_key, job_id) VALUES (p_channel, p_fifo_key, p_job_id)
+            ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            -- Lock the holder row so that, if it is finishing, it waits for us and then sees us waiting.
+            PERFORM 1 FROM fairqueue.fifo_holder WHERE channel = p_channel AND fifo_key = p_fifo_key FOR KEY SHARE;
+            IF FOUND THEN
+                INSERT INTO fairqueue.fifo_waiting (job_id, fifo_key, channel) VALUES (p_job_id, p_fifo_key, p_channel);
+                RETURN NULL;
+            END IF;
+        END LOOP;
+    END IF;
+    -- A job with shared limits is placed: the next intake gives it its slots (_gate_all), or a line to
+    -- wait in. (A finish places jobs too, and must not take the limits' rows: see 37_shared_limits.sql.)
+    IF (SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id) IS NOT NULL THEN
+        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+        VALUES (p_job_id, p_channel, p_now, 0, true);
+        PERFORM pg_notify('fairqueue', '');
+        RETURN NULL;
+    END IF;
+    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+    VALUES (p_job_id, p_channel, 0, p_now, -p_priority, p_fair_key);
+    RETURN p_channel;
+END $$;
+
+DROP FUNCTION fairqueue._gate(bigint, text, integer, timestamptz, smallint, text, text[]);

@@ -223,7 +223,7 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    -- A job with shared limits is placed: the next intake gives it its slots (_gate), or a line to
+    -- A job with shared limits is placed: the next intake gives it its slots (_gate_all), or a line to
     -- wait in. (A finish places jobs too, and must not take the limits' rows: see 37_shared_limits.sql.)
     IF (SELECT j.limits FROM fairqueue.job j WHERE j.id = p_job_id) IS NOT NULL THEN
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)

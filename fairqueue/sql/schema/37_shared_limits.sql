@@ -5,7 +5,7 @@
 -- A job that declares limits (job.limits) holds one slot of each from the moment it becomes ready
 -- until it ends: shared_limit.held counts them, and a rate limit spends a token per slot handed out.
 -- Whether a job gets its slots is decided where jobs become ready outside a producer's transaction:
--- the intake (schema/20_intake.sql) places it with _gate, like a delayed job. One that cannot get
+-- the intake (schema/20_intake.sql) places it with _gate_all, like a delayed job. One that cannot get
 -- them all waits in limit_waiting, outside the ready queues, so the other jobs of its channel keep
 -- flowing and no claim ever looks at it. When slots free up (a finish, a refilled token, new
 -- settings) shared_limit.due_at says so, and the next intake hands them to the waiting jobs with
@@ -145,66 +145,25 @@ BEGIN
                                   ARRAY[p_rank], p_now);
 END $$;
 
--- Makes a job ready if it gets a slot of each of its shared limits (p_limits), or puts it in the line
--- of the first limit that has none to give (or has jobs waiting already: no job jumps the line).
--- Called by the intake only (_gate_all). It never waits: if another transaction holds one of the limits' rows,
--- the job stays in scheduled_job, placed, and limit_release asks the next holder of its first limit's
--- row to put it in that line (fq0016). Returns the channel if the job became ready.
-CREATE FUNCTION fairqueue._gate(p_job_id bigint, p_channel text, p_attempt integer, p_now timestamptz,
-                                p_priority smallint, p_fair_key text, p_limits text[])
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_block text;
-BEGIN
-    IF (SELECT count(*) FROM (SELECT 1 FROM fairqueue.shared_limit WHERE name = ANY (p_limits)
-                              ORDER BY name FOR NO KEY UPDATE SKIP LOCKED) AS l)
-       < (SELECT count(*) FROM fairqueue.shared_limit WHERE name = ANY (p_limits)) THEN
-        -- Another transaction holds one of the rows (usually another claim's intake, until its claim
-        -- commits). The job stays in scheduled_job, and a row of limit_release asks the next
-        -- transaction that holds its first limit's row to put it in that line (_apply_releases):
-        -- no wait, and no gating it again and again while the rows are busy. The run_at is the
-        -- fallback, should that row stay held for long (a configure_limit in an open transaction).
-        INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
-        VALUES (p_job_id, p_channel, p_now + interval '1 second', p_attempt, true);
-        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt)
-        VALUES (p_limits[1], 0, p_job_id, p_attempt);
-        RETURN NULL;
-    END IF;
-    IF (SELECT r.id FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_limits) LIMIT 1) IS NOT NULL THEN
-        PERFORM fairqueue._apply_releases(p_limits);
-    END IF;
-    SELECT l.name INTO v_block
-    FROM fairqueue.shared_limit l
-    WHERE l.name = ANY (p_limits)
-      AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
-           OR fairqueue._limit_tokens(l, p_now) < 1
-           OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
-    ORDER BY l.name
-    LIMIT 1;
-    IF v_block IS NOT NULL THEN
-        PERFORM fairqueue._wait_for_limit(p_job_id, v_block, p_channel, p_attempt, -p_priority, p_now);
-        RETURN NULL;
-    END IF;
-    UPDATE fairqueue.shared_limit l
-    SET held = l.held + 1,
-        tokens = coalesce(fairqueue._limit_tokens(l, p_now) - 1, l.tokens),
-        tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
-    WHERE l.name = ANY (p_limits);
-    INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-    VALUES (p_job_id, p_channel, p_attempt, p_now, -p_priority, p_fair_key);
-    RETURN p_channel;
-END $$;
-
--- Gates the jobs the intake found due (p_ids at p_attempts), in enqueue order as to the slots, with a
--- statement per step for the whole set where no job's outcome depends on another's: the limits' rows
--- are locked at once (SKIP LOCKED; a job with a limit whose row another transaction holds takes the
--- busy path of _gate), and every job that uses a limit with no slot to give (no room, no token, or a
--- line already) joins the line of the first such limit, by name, all in one go. If the limits of the
--- jobs left have room for all of them at once, they all take their slots in one go; otherwise the
--- first of them takes its slots (_gate), and the check repeats with what it left. A job may so wait in another of its full limits' lines than one by one (which line does not
--- matter: when it is handed that slot it takes the others or moves to the next full one's line).
--- Returns the ids of the jobs made ready.
+-- Gates the jobs the intake found due (p_ids at p_attempts): each one becomes ready if it gets a
+-- slot of each of its shared limits, or waits in the line of a limit that has none to give (or has
+-- jobs waiting already: no job jumps the line). The slots go in enqueue order, and every step is a
+-- statement for a set of jobs:
+-- - The limits' rows are locked at once, in name order, SKIP LOCKED: the intake never waits. A job
+--   with a limit whose row another transaction holds (usually another claim's intake, until its
+--   claim commits) stays in scheduled_job, placed, and a row of limit_release asks the next holder of
+--   its first limit's row to put it in that line (_apply_releases, fq0016): no gating it again and
+--   again while the row is busy. Its run_at, a second away, is the fallback should that row stay
+--   held for long (a configure_limit in an open transaction).
+-- - Every job that uses a limit with no slot to give joins the line of the first such limit, by
+--   name (_join_lines).
+-- - The jobs left, in enqueue order, take their slots as far as they fit: the first job that would
+--   pass a cap or run out of tokens stops them, and its limit, now full, is one more that gives no
+--   slot: back to the step before. (So a job may wait in another of its full limits' lines than one
+--   by one would put it in; which one does not matter: when it is handed that slot it takes the
+--   others or moves to the next full one's line.)
+-- Each pass blocks one more limit, so there are at most as many passes as limits. Returns the ids of
+-- the jobs made ready.
 CREATE FUNCTION fairqueue._gate_all(p_ids bigint[], p_attempts integer[], p_now timestamptz)
 RETURNS bigint[]
 LANGUAGE plpgsql AS $$
@@ -214,14 +173,14 @@ DECLARE
     v_busy     text[];
     v_blocked  text[];
     v_made     bigint[] := '{}';
-    v_job      record;
     v_ids      bigint[];
     v_limits   text[];
     v_channels text[];
     v_attempts integer[];
     v_ranks    smallint[];
     v_rest     bigint[];
-    v_seen     integer := 0;
+    v_stop     bigint;
+    v_take     bigint[];
 BEGIN
     v_names := ARRAY(
         SELECT DISTINCT l.name
@@ -236,8 +195,6 @@ BEGIN
         PERFORM fairqueue._apply_releases(v_locked);
     END IF;
     IF cardinality(v_busy) > 0 THEN
-        -- another transaction holds one of these jobs' limits' rows (usually another claim's intake,
-        -- until its claim commits): the busy path of _gate, for each of them
         WITH busy AS (
             SELECT g.id, j.channel, g.attempt, j.limits[1] AS first_limit
             FROM unnest(p_ids, p_attempts) AS g(id, attempt)
@@ -256,8 +213,7 @@ BEGIN
         CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
         WHERE NOT (j.limits && v_busy) ORDER BY g.id);
     LOOP
-        -- the limits that give no slot now: no room, no token, or jobs waiting already (none jumps
-        -- the line); every job left that uses one joins the line of the first of them
+        -- the limits that give no slot now: no room, no token, or jobs waiting already
         v_blocked := ARRAY(
             SELECT l.name FROM fairqueue.shared_limit l
             WHERE l.name = ANY (v_locked)
@@ -265,9 +221,7 @@ BEGIN
                    OR fairqueue._limit_tokens(l, p_now) < 1
                    OR EXISTS (SELECT 1 FROM fairqueue.limit_turn t WHERE t.limit_name = l.name))
             ORDER BY l.name);
-        -- (the limits blocked only grow: the jobs left are looked at again only when one more is)
-        IF cardinality(v_blocked) > v_seen THEN
-            v_seen := cardinality(v_blocked);
+        IF cardinality(v_blocked) > 0 THEN
             SELECT array_agg(g.id ORDER BY g.id), array_agg(b.name ORDER BY g.id), array_agg(j.channel ORDER BY g.id),
                    array_agg(a.attempt ORDER BY g.id), array_agg(-j.priority ORDER BY g.id)
             INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
@@ -282,53 +236,52 @@ BEGIN
             END IF;
         END IF;
         EXIT WHEN cardinality(v_rest) = 0;
-        -- When every limit the jobs left use has room and tokens for all of them at once (a limit
-        -- that does not bind), no job's outcome depends on another's: they take their slots together.
-        IF NOT EXISTS (
-            SELECT 1
-            FROM (SELECT n.name, count(DISTINCT g.id) AS c
-                  FROM unnest(v_rest) AS g(id)
+        -- The first job, in enqueue order, that would not fit: the jobs before it and itself, counted
+        -- per limit, pass the limit's cap or its tokens. (Not the first job: its limits all give a slot.)
+        v_stop := (
+            SELECT min(u.o)
+            FROM (SELECT g.o, n.name, count(*) OVER (PARTITION BY n.name ORDER BY g.o) AS c
+                  FROM unnest(v_rest) WITH ORDINALITY AS g(id, o)
                   CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-                  CROSS JOIN LATERAL unnest(j.limits) AS n(name)
-                  GROUP BY n.name) AS u
+                  CROSS JOIN LATERAL (SELECT DISTINCT x.name FROM unnest(j.limits) AS x(name)) AS n) AS u
             JOIN fairqueue.shared_limit l ON l.name = u.name
             WHERE (l.max_concurrency IS NOT NULL AND l.held + u.c > l.max_concurrency)
-               OR fairqueue._limit_tokens(l, p_now) < u.c
-        ) THEN
-            WITH uses AS (
-                SELECT n.name, count(DISTINCT g.id)::integer AS c
-                FROM unnest(v_rest) AS g(id)
-                CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-                CROSS JOIN LATERAL unnest(j.limits) AS n(name)
-                GROUP BY n.name
-            ),
-            taken AS (
-                UPDATE fairqueue.shared_limit l
-                SET held = l.held + u.c,
-                    tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
-                    tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
-                FROM uses u
-                WHERE l.name = u.name
-            )
-            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-            SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+               OR fairqueue._limit_tokens(l, p_now) < u.c);
+        v_take := v_rest[1:coalesce(v_stop - 1, cardinality(v_rest))];
+        IF cardinality(v_take) = 0 THEN
+            -- cannot happen (the first job's limits all give a slot); should it, the jobs left go
+            -- back to scheduled_job for the next intake rather than be lost
+            INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+            SELECT g.id, j.channel, p_now + interval '1 second', a.attempt, true
             FROM unnest(v_rest) AS g(id)
             JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
-            CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            CROSS JOIN LATERAL (SELECT channel FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
             ORDER BY g.id;
-            RETURN v_made || v_rest;
+            EXIT;
         END IF;
-        -- the first job left has room in every one of its limits: it takes its slots, which may leave
-        -- none for the next
-        SELECT g.id, j.channel, j.priority, j.fair_key, j.limits, a.attempt INTO v_job
-        FROM (SELECT v_rest[1] AS id) AS g
+        WITH uses AS (
+            SELECT n.name, count(*)::integer AS c
+            FROM unnest(v_take) AS g(id)
+            CROSS JOIN LATERAL (SELECT limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+            CROSS JOIN LATERAL (SELECT DISTINCT x.name FROM unnest(j.limits) AS x(name)) AS n
+            GROUP BY n.name
+        ),
+        taken AS (
+            UPDATE fairqueue.shared_limit l
+            SET held = l.held + u.c,
+                tokens = coalesce(fairqueue._limit_tokens(l, p_now) - u.c, l.tokens),
+                tokens_at = CASE WHEN l.rate_per_second IS NULL THEN l.tokens_at ELSE p_now END
+            FROM uses u
+            WHERE l.name = u.name
+        )
+        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+        SELECT g.id, j.channel, a.attempt, p_now, -j.priority, j.fair_key
+        FROM unnest(v_take) AS g(id)
         JOIN unnest(p_ids, p_attempts) AS a(id, attempt) ON a.id = g.id
-        CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j;
-        IF fairqueue._gate(v_job.id, v_job.channel, v_job.attempt, p_now, v_job.priority, v_job.fair_key,
-                           v_job.limits) IS NOT NULL THEN
-            v_made := v_made || v_job.id;
-        END IF;
-        v_rest := v_rest[2:];
+        CROSS JOIN LATERAL (SELECT channel, priority, fair_key FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+        ORDER BY g.id;
+        v_made := v_made || v_take;
+        v_rest := v_rest[cardinality(v_take) + 1:];
     END LOOP;
     RETURN v_made;
 END $$;

@@ -26,7 +26,7 @@ enqueue: cycle i (--rate cycles a second, --samples cycles) has every caller enq
 order rotated by i, so load elsewhere on the machine falls on all of them alike. Reported per caller:
 p50 / p95 / p99, the call's mean CPU time in this process, and for each async caller the ratio of
 its call p95 to its sync counterpart's. Target: ratio <= 1.2. One more sync caller enqueues jobs
-that declare a shared limit (``limits=["api"]``: the names are read first, one more statement),
+that declare a shared limit (``limits=["api"]``: the insert's statement checks the names too),
 reported against the same call without it (no target: what the check costs).
 """
 
@@ -175,7 +175,7 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
 
 # -- --async: the async API beside the sync one -----------------------------------------------------
 
-#: the sync enqueue of a job that declares a shared limit (the names are checked first: one more
+#: the sync enqueue of a job that declares a shared limit (its names are checked in the insert's own
 #: statement), compared with the same call without it
 LIMITED = 'psycopg Connection, limits=["api"]'
 #: (caller, its sync counterpart or None for a sync caller)

@@ -352,7 +352,7 @@ def shared_limit(run: Run, args: Any, job_ms: int = 0) -> dict[str, Any]:
     fleet rate moves by a third between runs minutes apart): each pair's ratio compares runs made
     one after the other, and the figures reported are the medians."""
     pairs = []
-    for _ in range(getattr(args, "pairs", 1)):
+    for _ in range(args.pairs):
         control, _ = _limit_run(run, args, limited=False, job_ms=job_ms)
         rates, most = _limit_run(run, args, limited=True, job_ms=job_ms)
         # what the fleet had left for initech: its rate without the limit, less what the limited tenants ran
@@ -391,7 +391,7 @@ def _pair_range(r: dict[str, Any]) -> str:
 
 def shared_limit_table(results: list[dict[str, Any]], args: Any) -> list[str]:
     first = results[0]
-    pairs = getattr(args, "pairs", 1)
+    pairs = args.pairs
     lines = [
         f"A shared limit, for {args.seconds:g} s: acme and globex keep a backlog of jobs that use the shared limit "
         f'"api" ({first["limit"]} at once); initech keeps a backlog of jobs without it. {first["system"]}. A job '
@@ -505,6 +505,8 @@ def main() -> None:
         "--pairs", type=int, default=1, help="scenario 4: runs with and without the limit, alternating (default 1)"
     )
     args = p.parse_args()
+    if args.pairs < 1:
+        raise SystemExit(f"--pairs: {args.pairs}: give at least 1 (runs with and without the limit, alternating)")
     args.seconds = args.seconds or (5.0 if args.quick else 30.0)
     args.backlog = args.backlog or (2_000 if args.quick else 5_000)
     if args.only == "shared-limit":

@@ -37,7 +37,7 @@ def main() -> None:
     )
     args = argparse.Namespace(
         processes=2, concurrency=10, batch=10, backlog=5000, seconds=cli.seconds, limit=cli.limit,
-        quick=False, no_doc=True, database_url=None,
+        quick=False, no_doc=True, database_url=None, pairs=1,
     )  # fmt: skip
     with LocalPostgres(settings=settings) as server:
         with psycopg.connect(server.url, autocommit=True) as admin:

@@ -71,6 +71,50 @@ BEGIN
     END IF;
 END $$;
 
+-- The same one level down, for a ready job with a fair key (schema/35_fair_keys.sql): called before
+-- the job's running_job row is inserted, it tells the trigger that would leave a wakeup for the key
+-- (_wake_fair_key) that none is needed, when the key is in turn and its channel active.
+--
+-- Under READ COMMITTED only, and within the same lock budget as _wake_channel: the producer takes
+-- the channel's shared lock and reads channel_active, as _wake_channel does (while it holds that
+-- lock no claimer idles the channel, which would drop its keys), then the key's shared lock (class
+-- 1718681607) and reads whether the key is in turn. A claimer lets a key that ran dry leave the
+-- turns only with the key's exclusive lock (_take_keyed), so a key found in turn stays in turn
+-- until this transaction ends, and the job is seen by the claims that serve the key. Otherwise
+-- nothing is remembered and the trigger leaves the wakeup as before. A channel found active is
+-- remembered as covered too, so _wake_channel has nothing left to do for it.
+CREATE FUNCTION fairqueue._cover_key(p_channel text, p_key text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key   text := md5(p_channel || chr(31) || p_key);
+    v_done  text := coalesce(current_setting('fairqueue.covered_keys', true), '');
+    v_chans text;
+    v_locks integer;
+BEGIN
+    IF strpos(v_done, v_key) > 0 OR length(v_done) >= 256 * 33
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN;
+    END IF;
+    v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+    IF v_locks >= 63 THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('fairqueue.wake_locks', (v_locks + 2)::text, true);
+    PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
+        RETURN;
+    END IF;
+    v_chans := coalesce(current_setting('fairqueue.covered_channels', true), '');
+    IF strpos(v_chans, md5(p_channel)) = 0 AND length(v_chans) < 256 * 33 THEN
+        PERFORM set_config('fairqueue.covered_channels', v_chans || md5(p_channel) || ',', true);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1718681607, hashtext(p_channel || chr(31) || p_key));
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_key WHERE channel = p_channel AND fair_key = p_key AND in_turn) THEN
+        PERFORM set_config('fairqueue.covered_keys', v_done || v_key || ',', true);
+    END IF;
+END $$;
+
 -- Worker-side code that makes jobs ready outside a claim (finish follow-ups, release, cancel)
 -- reports their channels the way producers do: with wakeup rows. The next claim's intake, which
 -- runs before it picks channels and never waits for a lock, activates them.
@@ -233,6 +277,9 @@ BEGIN
             PERFORM pg_notify('fairqueue', '');
         END IF;
     ELSE
+        IF p_fair_key IS NOT NULL THEN
+            PERFORM fairqueue._cover_key(p_channel, p_fair_key);
+        END IF;
         INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
         VALUES (job_id, p_channel, 0, v_now, -p_priority, p_fair_key);
         PERFORM fairqueue._wake_channel(p_channel);
@@ -268,6 +315,7 @@ DECLARE
     v_pos      bigint[];
     v_channels text[];
     v_channel  text;
+    v_key      text;
     v_sched    integer;
     v_early    bigint;
 BEGIN
@@ -318,6 +366,18 @@ BEGIN
                 ARRAY(SELECT x FROM unnest(p_limits) AS l(v), jsonb_array_elements_text(l.v) AS e(x)
                       WHERE jsonb_typeof(l.v) = 'array'), ' ')]);
         END IF;
+    END IF;
+
+    -- Keys of a batch that is not a bulk load: the same check as a single enqueue (before the jobs'
+    -- rows, whose trigger reads it), so keys in turn need no wakeup row. The first 32 keys at most:
+    -- the others (and all of a bulk load's) get one wakeup each, as before.
+    IF p_fair_keys IS NOT NULL AND v_n <= 1000 AND current_setting('transaction_isolation') = 'read committed' THEN
+        FOR v_channel, v_key IN
+            SELECT DISTINCT coalesce(u.c, 'default'), u.k FROM unnest(p_channels, p_fair_keys) AS u(c, k)
+            WHERE u.k IS NOT NULL ORDER BY 1, 2 LIMIT 32
+        LOOP
+            PERFORM fairqueue._cover_key(v_channel, v_key);
+        END LOOP;
     END IF;
 
     WITH input AS (

@@ -305,8 +305,9 @@ BEGIN
             JOIN fairqueue.channel c ON c.name = u.name
             WHERE c.eligible AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL AND NOT c.keyed;
             IF v_names IS NULL THEN
-                -- Not once this claim has idled channels: it holds their exclusive locks until it
-                -- commits, and a producer enqueueing into one of them would wait with it.
+                -- Not once this claim has idled channels or let keys leave their turns: it holds
+                -- their exclusive locks until it commits, and a producer enqueueing into one of them
+                -- would wait with it.
                 EXIT WHEN v_waited OR NOT fairqueue._wait_for_busy_channel(v_skip);
                 v_waited := true;
                 CONTINUE;
@@ -338,6 +339,8 @@ BEGIN
             v_kpos := v_take.pos;
             v_kids := v_take.ids;
             v_kmore := v_take.more;
+            -- it holds the locks of the keys it let go of, which producers of those keys would wait for
+            v_waited := v_waited OR v_take.locked;
         END IF;
 
         -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher

@@ -13,6 +13,12 @@
 -- fresh snapshot; a job committed after that snapshot has its wakeup committed with it, and the
 -- intake that reads the wakeup waits its turn for the channel's row, so no key is left out.
 --
+-- A key already in turn needs no wakeup, the way a busy channel needs none (schema/10_enqueue.sql):
+-- a producer under READ COMMITTED takes the key's advisory lock shared and finds it in turn
+-- (_cover_key), and the claim takes that lock exclusively, without waiting, before it lets a dry key
+-- leave the turns; a key whose lock it cannot get stays in turn. So a job added to a key in turn is
+-- written alone, and the claims that serve the key find it.
+--
 -- A channel may cap each of its keys (channel.key_max_concurrency: each user at most 2 jobs at
 -- once). channel_key.running then counts each key's claimed jobs: the claim adds what it takes
 -- (under the channel's row, like every write of turns), a finish takes back what ends (under the key
@@ -70,11 +76,13 @@ $$;
 -- without a key), each key's jobs by priority, then enqueue order; at most p_caps[i] running jobs per
 -- key (NULL: no cap; the '' turn is never capped). One statement per round for every
 -- channel at once, so the cost per claim does not grow with the number of keyed channels it serves.
--- Returns the ids in each channel's turn order with the position of their channel (pos), and per
+-- Returns the ids in each channel's turn order with the position of their channel (pos), per
 -- channel whether it may have ready jobs left (false only when every key it has ran dry: the caller
--- then checks the channel with a fresh snapshot before idling it).
+-- then checks the channel with a fresh snapshot before idling it), and whether it took the locks of
+-- keys (locked: the caller then holds them until it commits, and waits for no busy channel).
 CREATE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_caps integer[], p_now timestamptz,
-                                      OUT pos integer[], OUT ids bigint[], OUT more boolean[])
+                                      OUT pos integer[], OUT ids bigint[], OUT more boolean[],
+                                      OUT locked boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_left   integer[] := ARRAY(SELECT coalesce(n, 0) FROM unnest(p_ns) AS n);
@@ -87,9 +95,12 @@ DECLARE
     v_sc     text[];
     v_sk     text[];
     v_parked integer;
+    v_lc     text[];
+    v_lk     text[];
 BEGIN
     pos := '{}';
     ids := '{}';
+    locked := false;
     -- The jobs without a key take turns as one more key, ''. No wakeup announces them, so the turn
     -- is looked for here: one probe of the head of each channel's unkeyed ready queue.
     SELECT array_agg(u.name) INTO v_unkeyed
@@ -222,9 +233,16 @@ BEGIN
             -- Keys that gave fewer jobs than they won, or had none behind them, leave the turns if a
             -- fresh snapshot (a new statement) finds nothing ready in them but what this claim took.
             -- A key with running jobs counted against its cap keeps its row (out of turn) for the count.
+            -- Only keys whose exclusive lock this claim gets, first, in a statement of its own: a
+            -- producer holding the lock shared relies on the key staying in turn (_cover_key), and one
+            -- that committed and let go of it before this lock is seen by the next statement's snapshot.
+            SELECT array_agg(s.c ORDER BY s.o), array_agg(s.k ORDER BY s.o) INTO v_lc, v_lk
+            FROM unnest(v_sc, v_sk) WITH ORDINALITY AS s(c, k, o)
+            WHERE pg_try_advisory_xact_lock(1718681607, hashtext(s.c || chr(31) || s.k));
+            locked := locked OR v_lc IS NOT NULL;
             WITH dry AS (
                 SELECT k.channel, k.fair_key, k.running FROM fairqueue.channel_key k
-                JOIN unnest(v_sc, v_sk) AS s(channel, fair_key) ON k.channel = s.channel AND k.fair_key = s.fair_key
+                JOIN unnest(v_lc, v_lk) AS s(channel, fair_key) ON k.channel = s.channel AND k.fair_key = s.fair_key
                 WHERE CASE WHEN k.fair_key = '' THEN
                        (SELECT r.job_id FROM fairqueue.running_job r
                         WHERE r.channel = k.channel AND r.fair_key IS NULL AND r.worker_id IS NULL

@@ -160,3 +160,23 @@ def test_a_claim_that_let_a_key_go_does_not_then_wait_for_a_busy_channel(
     assert sorted(j.kind for j in got) == ["alice", "bob"]
     assert not _in_turn(conn, "acme", "alice")
     assert len(fairqueue.claim_batch(_impatient(connect()), worker, 5)) == 5  # capped's, now free
+
+
+def test_a_dry_key_kept_in_turn_by_an_open_producer_is_charged_for_what_it_gave(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A key that ran dry is charged only if it stays in turn (most leave, and are not written twice).
+    Here alice gives her last job while a producer holds her lock, so she stays: she must be charged
+    for it, or she would take bob's turn next."""
+    fairqueue.enqueue(conn, "alice", channel="acme", fair_key="alice")
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("bob", channel="acme", fair_key="bob")] * 3)
+    conn.execute("SELECT fairqueue.promote_due_jobs()")  # both keys in turn, at the same time
+    producer = connect(autocommit=False)
+    fairqueue.enqueue(producer, "alice-late", channel="acme", fair_key="alice")  # covered: no wakeup
+    claimer = _impatient(connect())
+    assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 1)] == ["alice"]
+    assert _in_turn(conn, "acme", "alice")
+    producer.commit()
+    kinds = [j.kind for _ in range(3) for j in fairqueue.claim_batch(claimer, worker, 1)]
+    assert kinds == ["bob", "alice-late", "bob"]
+    assert_consistent(conn)

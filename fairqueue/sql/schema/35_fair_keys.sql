@@ -94,6 +94,7 @@ DECLARE
     v_got    integer[];
     v_sc     text[];
     v_sk     text[];
+    v_sn     integer[];
     v_parked integer;
     v_lc     text[];
     v_lk     text[];
@@ -200,6 +201,9 @@ BEGIN
                             FOR UPDATE SKIP LOCKED) AS u) AS h
             ) AS p
         ),
+        -- (a key without a cap that came up short or ran dry is charged in the next statement, and
+        -- only if it stays in turn: most such keys leave the turns there, and a row charged here
+        -- would be written twice, a new version in every index each time)
         charged AS (
             UPDATE fairqueue.channel_key k
             SET vtime = k.vtime + cardinality(h.ids), served_at = p_now,
@@ -208,6 +212,7 @@ BEGIN
                 in_turn = CASE WHEN k.running + cardinality(h.ids) >= h.cap THEN false ELSE k.in_turn END
             FROM heads h
             WHERE k.channel = h.name AND k.fair_key = h.fair_key AND cardinality(h.ids) > 0
+              AND NOT (h.cap IS NULL AND (cardinality(h.ids) < h.n OR NOT h.more))
         ),
         taken AS (
             -- the jobs in turn order: key slot vtime + k - 1 (ties to the least recently served key)
@@ -223,8 +228,11 @@ BEGIN
                          WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
                coalesce((SELECT array_agg(h.fair_key ORDER BY h.i, h.fair_key) FROM heads h
                          WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
+               coalesce((SELECT array_agg(CASE WHEN h.cap IS NULL THEN cardinality(h.ids) ELSE 0 END
+                                          ORDER BY h.i, h.fair_key) FROM heads h
+                         WHERE cardinality(h.ids) < h.n OR NOT h.more), '{}'),
                (SELECT count(*)::integer FROM lanes l WHERE l.want <= 0)
-        INTO v_tpos, v_tids, v_got, v_sc, v_sk, v_parked;
+        INTO v_tpos, v_tids, v_got, v_sc, v_sk, v_sn, v_parked;
 
         pos := pos || v_tpos;
         ids := ids || v_tids;
@@ -232,7 +240,8 @@ BEGIN
         IF cardinality(v_sc) > 0 THEN
             -- Keys that gave fewer jobs than they won, or had none behind them, leave the turns if a
             -- fresh snapshot (a new statement) finds nothing ready in them but what this claim took.
-            -- A key with running jobs counted against its cap keeps its row (out of turn) for the count.
+            -- A key with running jobs counted against its cap keeps its row (out of turn) for the count;
+            -- the keys that stay in turn are charged what they gave (v_sn, not charged above).
             -- Only keys whose exclusive lock this claim gets, first, in a statement of its own: a
             -- producer holding the lock shared relies on the key staying in turn (_cover_key), and one
             -- that committed and let go of it before this lock is seen by the next statement's snapshot.
@@ -256,8 +265,18 @@ BEGIN
                    END
             ),
             resting AS (
-                UPDATE fairqueue.channel_key k SET in_turn = false
-                FROM dry d WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
+                UPDATE fairqueue.channel_key k
+                SET in_turn = false, vtime = k.vtime + s.n,
+                    served_at = CASE WHEN s.n > 0 THEN p_now ELSE k.served_at END
+                FROM dry d JOIN unnest(v_sc, v_sk, v_sn) AS s(channel, fair_key, n)
+                    ON s.channel = d.channel AND s.fair_key = d.fair_key
+                WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
+            ),
+            owed AS (
+                UPDATE fairqueue.channel_key k SET vtime = k.vtime + s.n, served_at = p_now
+                FROM unnest(v_sc, v_sk, v_sn) AS s(channel, fair_key, n)
+                WHERE s.n > 0 AND k.channel = s.channel AND k.fair_key = s.fair_key
+                  AND NOT EXISTS (SELECT 1 FROM dry d WHERE d.channel = s.channel AND d.fair_key = s.fair_key)
             )
             DELETE FROM fairqueue.channel_key k
             USING dry d WHERE d.running = 0 AND k.channel = d.channel AND k.fair_key = d.fair_key;

@@ -194,6 +194,36 @@ def race_against_open_transaction(
     return blocked
 
 
+#: The transaction isolation levels a producer may use; the no-lost-wake-up tests run under each.
+ISOLATIONS = ["read committed", "repeatable read", "serializable"]
+
+
+def impatient(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """``conn`` with a 3 s statement timeout: a statement that had to wait for an open transaction
+    would hit it and fail the test, instead of hanging."""
+    conn.execute("SET statement_timeout = '3s'")
+    if not conn.autocommit:
+        conn.commit()
+    return conn
+
+
+def claim_beside_a_held_channel(
+    conn: psycopg.Connection[Any], connect: Callable[..., psycopg.Connection[Any]], channel: str, worker: int, n: int
+) -> tuple[bool, list[Any]]:
+    """Claims ``n`` jobs on a new connection while another transaction holds ``channel``'s row, as a
+    claim serving it would; that transaction commits once the claim has finished or queued up behind
+    it. Returns whether the claim had to wait, and what it claimed."""
+    import fairqueue
+
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = %s FOR NO KEY UPDATE", (channel,))
+    got: list[Any] = []
+    waited = race_against_open_transaction(
+        conn, holder, lambda: got.extend(fairqueue.claim_batch(connect(), worker, n))
+    )
+    return waited, got
+
+
 def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
     """Starts ``target`` in a thread; the list collects what it raised."""
     errors: list[BaseException] = []

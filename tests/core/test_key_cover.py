@@ -14,16 +14,14 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, in_thread, race_against_open_transaction, wait_until_blocked_or_done
-
-ISOLATIONS = ["read committed", "repeatable read", "serializable"]
-
-
-def _impatient(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    conn.execute("SET statement_timeout = '3s'")
-    if not conn.autocommit:
-        conn.commit()
-    return conn
+from tests.helpers import (
+    ISOLATIONS,
+    assert_consistent,
+    claim_beside_a_held_channel,
+    impatient,
+    in_thread,
+    wait_until_blocked_or_done,
+)
 
 
 def _key_wakeups(conn: psycopg.Connection[Any]) -> int:
@@ -96,7 +94,7 @@ def test_a_key_an_open_producer_found_in_turn_stays_in_turn_until_it_commits(
     (last,) = _alice_in_turn(conn, worker)
     producer = connect(autocommit=False)
     late = fairqueue.enqueue(producer, "late", channel="acme", fair_key="alice")
-    claimer = _impatient(connect())
+    claimer = impatient(connect())
     assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [last]
     assert _in_turn(conn, "acme", "alice")
     producer.commit()
@@ -134,7 +132,7 @@ def test_a_producer_arriving_while_a_claim_lets_its_key_go_leaves_a_wakeup(
     assert not errors, errors
     assert _key_wakeups(conn) == 1
     assert_consistent(conn)
-    assert late[0] in {j.id for j in fairqueue.claim_batch(_impatient(connect()), worker, 10)}
+    assert late[0] in {j.id for j in fairqueue.claim_batch(impatient(connect()), worker, 10)}
 
 
 def test_a_claim_that_let_a_key_go_does_not_then_wait_for_a_busy_channel(
@@ -150,16 +148,11 @@ def test_a_claim_that_let_a_key_go_does_not_then_wait_for_a_busy_channel(
     fairqueue.enqueue(conn, "alice", channel="acme", fair_key="alice")
     fairqueue.enqueue_many(conn, [fairqueue.JobSpec("bob", channel="acme", fair_key="bob")] * 3)
     conn.execute("SELECT fairqueue.promote_due_jobs()")
-    holder = connect(autocommit=False)
-    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = 'capped' FOR NO KEY UPDATE")  # as a claim would
-    got: list[fairqueue.ClaimedJob] = []
-    waited = race_against_open_transaction(
-        conn, holder, lambda: got.extend(fairqueue.claim_batch(connect(), worker, 5))
-    )
+    waited, got = claim_beside_a_held_channel(conn, connect, "capped", worker, 5)
     assert not waited, "after letting alice go the claim waited for capped, holding her lock against producers"
     assert sorted(j.kind for j in got) == ["alice", "bob"]
     assert not _in_turn(conn, "acme", "alice")
-    assert len(fairqueue.claim_batch(_impatient(connect()), worker, 5)) == 5  # capped's, now free
+    assert len(fairqueue.claim_batch(impatient(connect()), worker, 5)) == 5  # capped's, now free
 
 
 def test_a_dry_key_kept_in_turn_by_an_open_producer_is_charged_for_what_it_gave(
@@ -173,7 +166,7 @@ def test_a_dry_key_kept_in_turn_by_an_open_producer_is_charged_for_what_it_gave(
     conn.execute("SELECT fairqueue.promote_due_jobs()")  # both keys in turn, at the same time
     producer = connect(autocommit=False)
     fairqueue.enqueue(producer, "alice-late", channel="acme", fair_key="alice")  # covered: no wakeup
-    claimer = _impatient(connect())
+    claimer = impatient(connect())
     assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 1)] == ["alice"]
     assert _in_turn(conn, "acme", "alice")
     producer.commit()

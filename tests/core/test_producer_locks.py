@@ -15,16 +15,14 @@ import pytest
 
 import fairqueue
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, in_thread, race_against_open_transaction, wait_until_blocked_or_done
-
-ISOLATIONS = ["read committed", "repeatable read", "serializable"]
-
-
-def _impatient(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    conn.execute("SET statement_timeout = '3s'")
-    if not conn.autocommit:
-        conn.commit()
-    return conn
+from tests.helpers import (
+    ISOLATIONS,
+    assert_consistent,
+    claim_beside_a_held_channel,
+    impatient,
+    in_thread,
+    wait_until_blocked_or_done,
+)
 
 
 def _open_producer(connect: Connections, isolation: str) -> psycopg.Connection[Any]:
@@ -43,7 +41,7 @@ def test_open_producer_does_not_block_another_producer_of_the_same_channel(
     holder = _open_producer(connect, isolation)
     fairqueue.enqueue(holder, "held", channel="bob")  # ... and the transaction stays open
 
-    other = _impatient(_open_producer(connect, isolation))
+    other = impatient(_open_producer(connect, isolation))
     fairqueue.enqueue(other, "other", channel="bob")
     fairqueue.enqueue_many(other, [{"kind": "bulk", "channel": "bob"}] * 100)
     other.commit()
@@ -58,7 +56,7 @@ def test_open_producer_does_not_hide_committed_jobs_of_its_channel(
     holder = _open_producer(connect, isolation)
     fairqueue.enqueue(holder, "held", channel="bob")
 
-    claimer = _impatient(connect())
+    claimer = impatient(connect())
     assert [j.id for j in fairqueue.claim_batch(claimer, worker, 10)] == [committed]
     holder.rollback()
 
@@ -70,10 +68,10 @@ def test_open_bulk_producer_of_100k_jobs_blocks_nobody(
     holder = _open_producer(connect, "read committed")
     fairqueue.enqueue_many(holder, ({"kind": "bulk", "channel": "bob"} for _ in range(100_000)))
 
-    other = _impatient(_open_producer(connect, "read committed"))
+    other = impatient(_open_producer(connect, "read committed"))
     second = fairqueue.enqueue(other, "other", channel="bob")
     other.commit()
-    claimer = _impatient(connect())
+    claimer = impatient(connect())
     assert sorted(j.id for j in fairqueue.claim_batch(claimer, worker, 10)) == [first, second]
     holder.commit()
     assert len(fairqueue.claim_batch(claimer, worker, 1000)) == 1000
@@ -82,7 +80,7 @@ def test_open_bulk_producer_of_100k_jobs_blocks_nobody(
 def test_configure_channel_does_not_wait_for_producers(connect: Connections) -> None:
     holder = _open_producer(connect, "read committed")
     fairqueue.enqueue(holder, "held", channel="bob")
-    admin = _impatient(connect())
+    admin = impatient(connect())
     fairqueue.configure_channel(admin, "bob", max_concurrency=2)
     holder.commit()
 
@@ -102,7 +100,7 @@ def test_job_enqueued_while_its_channel_drains_is_still_claimed(
     producer = _open_producer(connect, isolation)
     late = fairqueue.enqueue(producer, "late", channel="bob")  # bob looked busy: no wakeup needed?
 
-    claimer = _impatient(connect())
+    claimer = impatient(connect())
     assert [j.kind for j in fairqueue.claim_batch(claimer, worker, 10)] == ["second"]
     assert fairqueue.claim_batch(claimer, worker, 10) == []  # the claimer saw bob empty
     producer.commit()
@@ -182,7 +180,7 @@ def test_ready_job_locked_elsewhere_during_a_claim_is_not_stranded(
     job = fairqueue.enqueue(conn, "k", channel="bob")
     other = connect(autocommit=False)
     other.execute("SELECT 1 FROM fairqueue.running_job WHERE job_id = %s FOR UPDATE", (job,))
-    assert fairqueue.claim_batch(_impatient(connect()), worker, 10) == []
+    assert fairqueue.claim_batch(impatient(connect()), worker, 10) == []
     other.rollback()
     assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
     assert_consistent(conn)
@@ -227,16 +225,11 @@ def test_a_claim_that_idled_a_channel_does_not_then_wait_for_a_busy_one(
     worker = fairqueue.register_worker(conn)
     assert {j.channel for j in fairqueue.claim_batch(conn, worker, 2)} == {"capped", "x"}
     conn.execute("UPDATE fairqueue.channel SET active = true WHERE name = 'x'")  # drained, not idled yet
-    holder = connect(autocommit=False)
-    holder.execute("SELECT 1 FROM fairqueue.channel WHERE name = 'capped' FOR NO KEY UPDATE")  # as a claim would
-    got: list[fairqueue.ClaimedJob] = []
-    waited = race_against_open_transaction(
-        conn, holder, lambda: got.extend(fairqueue.claim_batch(connect(), worker, 5))
-    )
+    waited, got = claim_beside_a_held_channel(conn, connect, "capped", worker, 5)
     assert not waited, "after idling x the claim waited for capped, holding x's lock against producers"
     assert got == []  # and the next claim takes capped's jobs
     assert conn.execute("SELECT active FROM fairqueue.channel WHERE name = 'x'").fetchone() == (False,)
-    assert len(fairqueue.claim_batch(_impatient(connect()), worker, 5)) == 5
+    assert len(fairqueue.claim_batch(impatient(connect()), worker, 5)) == 5
 
 
 def _wait_until_waiting(conn: psycopg.Connection[Any], pid: int, thread: threading.Thread) -> bool:
@@ -270,7 +263,7 @@ def test_producer_arriving_while_a_claimer_idles_its_channel_leaves_a_wakeup(
     claimer.commit()
     t.join()
     assert not errors, errors
-    assert [j.id for j in fairqueue.claim_batch(_impatient(connect()), worker, 10)] == late
+    assert [j.id for j in fairqueue.claim_batch(impatient(connect()), worker, 10)] == late
     assert_consistent(conn)
 
 
@@ -315,5 +308,5 @@ def test_job_committed_while_an_idle_check_is_under_way_is_not_stranded(
     c.join()
     p.join()
     assert not c_errors and not p_errors, (c_errors, p_errors)
-    assert [j.id for j in fairqueue.claim_batch(_impatient(connect()), worker, 10)] == job
+    assert [j.id for j in fairqueue.claim_batch(impatient(connect()), worker, 10)] == job
     assert_consistent(conn)

@@ -62,3 +62,21 @@ def test_a_bad_fair_key_writes_nothing_and_the_transaction_goes_on(caller: Calle
         tx.fq.enqueue(tx.db, "k", fair_key="fine")  # the caller's transaction is still usable
         tx.commit()
     assert caller.orders() == 1 and count(caller.conn, "job") == 1
+
+
+def test_a_job_added_to_a_key_in_turn_is_written_alone_and_claimed(caller: Caller, worker_of: int) -> None:
+    """Every caller kind runs READ COMMITTED by default, so a key already in turn needs no wakeup
+    (_cover_key, schema/10_enqueue.sql) whichever way the job is enqueued, and the claims that serve
+    the key take the jobs."""
+    worker = worker_of
+    earlier = fairqueue.enqueue_many(caller.conn, [fairqueue.JobSpec("earlier", channel="acme", fair_key="alice")] * 2)
+    (first,) = fairqueue.claim_batch(caller.conn, worker, 1)
+    fairqueue.finish(caller.conn, worker, [fairqueue.Outcome(first.id)])  # alice in turn, one job ready
+    with caller.transaction() as tx:
+        one = tx.fq.enqueue(tx.db, "one", channel="acme", fair_key="alice")
+        many = tx.fq.enqueue_many(tx.db, [fairqueue.JobSpec("many", channel="acme", fair_key="alice")] * 2)
+        tx.commit()
+    wakeups = caller.conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone()
+    assert wakeups == (0,)
+    assert [j.id for j in fairqueue.claim_batch(caller.conn, worker, 10)] == [earlier[1], one, *many]
+    assert_consistent(caller.conn)

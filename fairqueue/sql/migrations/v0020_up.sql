@@ -6,7 +6,54 @@
 -- key's advisory lock shared and reads whether the key is in turn (_cover_key), and writes the job
 -- alone if it is. A claim lets a dry key leave the turns only with that lock, taken exclusively
 -- without waiting (_take_keyed, which now says whether it took any, so the claim does not then wait
--- for a busy channel while producers may wait for it). Only functions change.
+-- for a busy channel while producers may wait for it). _wake_channel's READ COMMITTED half, which
+-- _cover_key shares, becomes _hold_active. Only functions change.
+
+CREATE FUNCTION fairqueue._hold_active(p_channel text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locks integer;
+    v_done  text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+    IF v_locks >= 64 THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
+    PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
+        RETURN false;
+    END IF;
+    v_done := coalesce(current_setting('fairqueue.covered_channels', true), '');
+    IF strpos(v_done, md5(p_channel)) = 0 THEN
+        PERFORM set_config('fairqueue.covered_channels', v_done || md5(p_channel) || ',', true);
+    END IF;
+    RETURN true;
+END $$;
+
+CREATE OR REPLACE FUNCTION fairqueue._wake_channel(p_channel text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key   text := md5(p_channel);
+    v_done  text := coalesce(current_setting('fairqueue.covered_channels', true), '');
+BEGIN
+    IF strpos(v_done, v_key) > 0 THEN
+        RETURN;
+    END IF;
+    IF fairqueue._hold_active(p_channel) THEN
+        RETURN;
+    END IF;
+    INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
+    PERFORM pg_notify('fairqueue', '');
+    IF length(v_done) < 256 * 33 THEN  -- remember up to 256 channels
+        PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
+    END IF;
+END $$;
 
 CREATE FUNCTION fairqueue._cover_key(p_channel text, p_key text)
 RETURNS void
@@ -14,33 +61,26 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_key   text := md5(p_channel || chr(31) || p_key);
     v_done  text := coalesce(current_setting('fairqueue.covered_keys', true), '');
-    v_chans text;
     v_locks integer;
 BEGIN
-    IF strpos(v_done, v_key) > 0 OR length(v_done) >= 256 * 33
-       OR current_setting('transaction_isolation') <> 'read committed' THEN
+    IF strpos(v_done, v_key) > 0 OR length(v_done) >= 256 * 33 THEN
         RETURN;
     END IF;
-    v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
-    IF v_locks >= 63 THEN
+    IF NOT fairqueue._hold_active(p_channel) THEN
         RETURN;
     END IF;
-    PERFORM set_config('fairqueue.wake_locks', (v_locks + 2)::text, true);
-    PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
-    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
+    v_locks := current_setting('fairqueue.wake_locks')::integer;  -- counted by _hold_active
+    IF v_locks >= 64 THEN
         RETURN;
     END IF;
-    v_chans := coalesce(current_setting('fairqueue.covered_channels', true), '');
-    IF strpos(v_chans, md5(p_channel)) = 0 AND length(v_chans) < 256 * 33 THEN
-        PERFORM set_config('fairqueue.covered_channels', v_chans || md5(p_channel) || ',', true);
-    END IF;
+    PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
     PERFORM pg_advisory_xact_lock_shared(1718681607, hashtext(p_channel || chr(31) || p_key));
     IF EXISTS (SELECT 1 FROM fairqueue.channel_key WHERE channel = p_channel AND fair_key = p_key AND in_turn) THEN
         PERFORM set_config('fairqueue.covered_keys', v_done || v_key || ',', true);
     END IF;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue._cover_key(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION fairqueue._hold_active(text), fairqueue._cover_key(text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION fairqueue.enqueue(
     p_kind             text,
@@ -519,13 +559,10 @@ BEGIN
                         ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
                    END
             ),
+            -- (running > 0 only under a cap, and a capped key was charged above)
             resting AS (
-                UPDATE fairqueue.channel_key k
-                SET in_turn = false, vtime = k.vtime + s.n,
-                    served_at = CASE WHEN s.n > 0 THEN p_now ELSE k.served_at END
-                FROM dry d JOIN unnest(v_sc, v_sk, v_sn) AS s(channel, fair_key, n)
-                    ON s.channel = d.channel AND s.fair_key = d.fair_key
-                WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
+                UPDATE fairqueue.channel_key k SET in_turn = false
+                FROM dry d WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
             ),
             owed AS (
                 UPDATE fairqueue.channel_key k SET vtime = k.vtime + s.n, served_at = p_now

@@ -23,6 +23,36 @@ CREATE TRIGGER channel_active_on_insert AFTER INSERT ON fairqueue.channel
 CREATE TRIGGER channel_active_on_update AFTER UPDATE OF active ON fairqueue.channel
     FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active) EXECUTE FUNCTION fairqueue._copy_channel_active();
 
+-- The READ COMMITTED half of _wake_channel (below), which _cover_key shares: within a budget of 64
+-- advisory locks per transaction (the shared lock table is bounded), takes p_channel's lock shared
+-- and reads channel_active. True if the channel is active: no claimer can then mark it idle until
+-- this transaction ends, and the transaction remembers the channel as covered.
+CREATE FUNCTION fairqueue._hold_active(p_channel text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locks integer;
+    v_done  text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN false;
+    END IF;
+    v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
+    IF v_locks >= 64 THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
+    PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
+    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
+        RETURN false;
+    END IF;
+    v_done := coalesce(current_setting('fairqueue.covered_channels', true), '');
+    IF strpos(v_done, md5(p_channel)) = 0 THEN
+        PERFORM set_config('fairqueue.covered_channels', v_done || md5(p_channel) || ',', true);
+    END IF;
+    RETURN true;
+END $$;
+
 -- Makes sure a worker will look at p_channel after this transaction commits (no lost wake-ups).
 --
 -- Under READ COMMITTED the producer takes a shared advisory lock on the channel (shared locks never
@@ -47,22 +77,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_key   text := md5(p_channel);
     v_done  text := coalesce(current_setting('fairqueue.covered_channels', true), '');
-    v_locks integer;
 BEGIN
     IF strpos(v_done, v_key) > 0 THEN
         RETURN;
     END IF;
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        -- bound the advisory locks one transaction can hold (shared lock table)
-        v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
-        IF v_locks < 64 THEN
-            PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
-            PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
-            IF EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
-                PERFORM set_config('fairqueue.covered_channels', v_done || v_key || ',', true);
-                RETURN;
-            END IF;
-        END IF;
+    IF fairqueue._hold_active(p_channel) THEN
+        RETURN;
     END IF;
     INSERT INTO fairqueue.channel_wakeup (channel) VALUES (p_channel);
     PERFORM pg_notify('fairqueue', '');
@@ -75,40 +95,32 @@ END $$;
 -- the job's running_job row is inserted, it tells the trigger that would leave a wakeup for the key
 -- (_wake_fair_key) that none is needed, when the key is in turn and its channel active.
 --
--- Under READ COMMITTED only, and within the same lock budget as _wake_channel: the producer takes
--- the channel's shared lock and reads channel_active, as _wake_channel does (while it holds that
--- lock no claimer idles the channel, which would drop its keys), then the key's shared lock (class
--- 1718681607) and reads whether the key is in turn. A claimer lets a key that ran dry leave the
--- turns only with the key's exclusive lock (_take_keyed), so a key found in turn stays in turn
+-- Under READ COMMITTED only, and within the same lock budget: the channel is held active as
+-- _wake_channel holds it (_hold_active: while the producer holds the channel's lock no claimer
+-- idles the channel, which would drop its keys), then the producer takes the key's shared lock
+-- (class 1718681607) and reads whether the key is in turn. A claimer lets a key that ran dry leave
+-- the turns only with the key's exclusive lock (_take_keyed), so a key found in turn stays in turn
 -- until this transaction ends, and the job is seen by the claims that serve the key. Otherwise
--- nothing is remembered and the trigger leaves the wakeup as before. A channel found active is
--- remembered as covered too, so _wake_channel has nothing left to do for it.
+-- nothing is remembered and the trigger leaves the wakeup as before.
 CREATE FUNCTION fairqueue._cover_key(p_channel text, p_key text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_key   text := md5(p_channel || chr(31) || p_key);
     v_done  text := coalesce(current_setting('fairqueue.covered_keys', true), '');
-    v_chans text;
     v_locks integer;
 BEGIN
-    IF strpos(v_done, v_key) > 0 OR length(v_done) >= 256 * 33
-       OR current_setting('transaction_isolation') <> 'read committed' THEN
+    IF strpos(v_done, v_key) > 0 OR length(v_done) >= 256 * 33 THEN
         RETURN;
     END IF;
-    v_locks := coalesce(nullif(current_setting('fairqueue.wake_locks', true), '')::integer, 0);
-    IF v_locks >= 63 THEN
+    IF NOT fairqueue._hold_active(p_channel) THEN
         RETURN;
     END IF;
-    PERFORM set_config('fairqueue.wake_locks', (v_locks + 2)::text, true);
-    PERFORM pg_advisory_xact_lock_shared(1718681601, hashtext(p_channel));
-    IF NOT EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND active) THEN
+    v_locks := current_setting('fairqueue.wake_locks')::integer;  -- counted by _hold_active
+    IF v_locks >= 64 THEN
         RETURN;
     END IF;
-    v_chans := coalesce(current_setting('fairqueue.covered_channels', true), '');
-    IF strpos(v_chans, md5(p_channel)) = 0 AND length(v_chans) < 256 * 33 THEN
-        PERFORM set_config('fairqueue.covered_channels', v_chans || md5(p_channel) || ',', true);
-    END IF;
+    PERFORM set_config('fairqueue.wake_locks', (v_locks + 1)::text, true);
     PERFORM pg_advisory_xact_lock_shared(1718681607, hashtext(p_channel || chr(31) || p_key));
     IF EXISTS (SELECT 1 FROM fairqueue.channel_key WHERE channel = p_channel AND fair_key = p_key AND in_turn) THEN
         PERFORM set_config('fairqueue.covered_keys', v_done || v_key || ',', true);

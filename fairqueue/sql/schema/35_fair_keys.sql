@@ -264,13 +264,10 @@ BEGIN
                         ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT 1) IS NULL
                    END
             ),
+            -- (running > 0 only under a cap, and a capped key was charged above)
             resting AS (
-                UPDATE fairqueue.channel_key k
-                SET in_turn = false, vtime = k.vtime + s.n,
-                    served_at = CASE WHEN s.n > 0 THEN p_now ELSE k.served_at END
-                FROM dry d JOIN unnest(v_sc, v_sk, v_sn) AS s(channel, fair_key, n)
-                    ON s.channel = d.channel AND s.fair_key = d.fair_key
-                WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
+                UPDATE fairqueue.channel_key k SET in_turn = false
+                FROM dry d WHERE d.running > 0 AND k.channel = d.channel AND k.fair_key = d.fair_key
             ),
             owed AS (
                 UPDATE fairqueue.channel_key k SET vtime = k.vtime + s.n, served_at = p_now

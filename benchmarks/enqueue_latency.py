@@ -25,15 +25,19 @@ drivers), each on a connection of its own held for the whole run. The callers al
 enqueue: cycle i (--rate cycles a second, --samples cycles) has every caller enqueue once, in an
 order rotated by i, so load elsewhere on the machine falls on all of them alike. Reported per caller:
 p50 / p95 / p99, the call's mean CPU time in this process, and for each async caller the ratio of
-its call p95 to its sync counterpart's. Target: ratio <= 1.2. One more sync caller enqueues jobs
-that declare a shared limit (``limits=["api"]``: the insert's statement checks the names too),
-reported against the same call without it (no target: what the check costs).
+its call p95 to its sync counterpart's. Target: ratio <= 1.2. Two more sync callers, reported
+against the same call without what they add (no target: what it costs): one enqueues jobs that
+declare a shared limit (``limits=["api"]``: the insert's statement checks the names too), one jobs
+with a fair key, one of 100 keys in turn (fq0020: the producer takes the key's lock and
+finds it in turn instead of writing a wakeup). Before the timed enqueues the queue's wakeups are
+taken in, so the channel is active and its keys in turn, as on a queue that workers serve.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import random
@@ -178,6 +182,10 @@ def table(results: list[dict[str, Any]], args: Any) -> list[str]:
 #: the sync enqueue of a job that declares a shared limit (its names are checked in the insert's own
 #: statement), compared with the same call without it
 LIMITED = 'psycopg Connection, limits=["api"]'
+#: the sync enqueue of a job with a fair key that is in turn (no wakeup: _cover_key), beside the same
+#: call without a key
+KEYED = "psycopg Connection, fair_key in turn"
+KEYS = 100
 #: (caller, its sync counterpart or None for a sync caller)
 CALLERS: list[tuple[str, str | None]] = [
     ("psycopg Connection", None),
@@ -186,6 +194,7 @@ CALLERS: list[tuple[str, str | None]] = [
     ("SQLAlchemy AsyncSession (psycopg)", "SQLAlchemy Session (psycopg)"),
     ("SQLAlchemy AsyncSession (asyncpg)", "SQLAlchemy Session (psycopg)"),
     (LIMITED, "psycopg Connection"),
+    (KEYED, "psycopg Connection"),
 ]
 
 
@@ -250,6 +259,8 @@ async def _open_callers(
     stack.callback(engine.dispose)
     sync_session = stack.enter_context(Session(engine))
     limited_conn = stack.enter_context(psycopg.connect(url))
+    keyed_conn = stack.enter_context(psycopg.connect(url))
+    keys = itertools.cycle([f"user{k}" for k in range(KEYS)])
     async_conn = await stack.enter_async_context(await psycopg.AsyncConnection.connect(url))
     sessions: dict[str, AsyncSession] = {}
     for driver in ("psycopg", "asyncpg"):
@@ -279,6 +290,12 @@ async def _open_callers(
             limited_conn.commit,
             timings[LIMITED],
         ),
+        KEYED: _sync_once(
+            lambda: keyed_conn.execute("SELECT 1"),
+            lambda: fairqueue.enqueue(keyed_conn, "bench.noop", channel="busy", fair_key=next(keys)),
+            keyed_conn.commit,
+            timings[KEYED],
+        ),
         "psycopg AsyncConnection": _async_once(
             lambda: async_conn.execute("SELECT 1"),
             anoop(async_conn),
@@ -305,6 +322,12 @@ def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
     with psycopg.connect(url, autocommit=True) as conn:
         _fill(Fairqueue(1, 1), conn, ["busy"], args.backlog)
         fairqueue.configure_limit(conn, "api", max_concurrency=1000)
+        fairqueue.enqueue_many(
+            conn, [{"kind": "bench.noop", "channel": "busy", "fair_key": f"user{k}"} for k in range(KEYS)]
+        )
+        # the wakeups taken in, as a worker's claims would: busy active, its keys in turn
+        while scalar(conn, "SELECT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup)"):
+            conn.execute("SELECT fairqueue.promote_due_jobs()")
         conn.execute("VACUUM ANALYZE")
     timings = {caller: _Timings() for caller, _ in CALLERS}
     loop = asyncio.new_event_loop()
@@ -335,7 +358,7 @@ def run_async_comparison(run: Run, args: Any) -> list[dict[str, Any]]:
         results.append(
             {
                 "caller": caller,
-                "api": "sync" if counterpart is None else "limits" if caller == LIMITED else "async",
+                "api": "sync" if counterpart is None else {LIMITED: "limits", KEYED: "fair_key"}.get(caller, "async"),
                 "counterpart": counterpart,
                 "call_ms": percentiles(t.call),
                 "call_commit_ms": percentiles(t.call_commit),

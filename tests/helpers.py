@@ -224,6 +224,26 @@ def claim_beside_a_held_channel(
     return waited, got
 
 
+def end_workers(running: list[tuple[Any, threading.Thread]]) -> None:
+    """Ends the workers a test started in threads: aborts them, releases the handlers still held at
+    a gate or a barrier (tests/worker_tasks.py), then waits for the threads, and forgets the gates,
+    barriers and calls. Released first: a worker thread left running past its test (a handler
+    waiting out its gate's 30 s) logs into the stream pytest has closed by then."""
+    from tests import worker_tasks as t
+
+    for worker, _ in running:
+        worker.abort()
+    for key in list(t.GATES):
+        t.GATES[key].set()
+    for barrier in t.BARRIERS.values():
+        barrier.abort()
+    for _, thread in running:
+        thread.join(10)
+    t.GATES.clear()
+    t.CALLS.clear()
+    t.BARRIERS.clear()
+
+
 def in_thread(target: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
     """Starts ``target`` in a thread; the list collects what it raised."""
     errors: list[BaseException] = []

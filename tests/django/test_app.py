@@ -21,6 +21,7 @@ from django.test.utils import override_settings  # noqa: E402
 import fairqueue  # noqa: E402
 import fairqueue_django  # noqa: E402
 from tests import worker_tasks as t  # noqa: E402
+from tests.helpers import end_workers  # noqa: E402
 from tests.migrations.catalog import catalog, differences  # noqa: E402
 
 
@@ -381,10 +382,7 @@ def django_worker(django_url: str) -> Iterator[Any]:
         return worker
 
     yield start
-    for worker, thread in started:
-        worker.abort()
-        thread.join(10)
-    t.GATES.clear()
+    end_workers(started)
 
 
 def _finished(job_id: int) -> Any:

@@ -14,7 +14,7 @@ import pytest
 
 import fairqueue
 from fairqueue.worker import Worker, WorkerConfig
-from tests.helpers import count, wait_for
+from tests.helpers import count, end_workers, wait_for
 
 django = pytest.importorskip("django")
 
@@ -69,9 +69,7 @@ def start_worker(django_url: str, tasks: Any) -> Iterator[Starter]:
         return worker
 
     yield start
-    for worker, thread in running:
-        worker.abort()
-        thread.join(10)
+    end_workers(running)
 
 
 def _stored(dj: psycopg.Connection[Any], result_id: str) -> tuple[Any, ...]:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from fairqueue.worker import Worker, WorkerConfig
-from tests.helpers import wait_for
+from tests.helpers import end_workers, wait_for
 
 django = pytest.importorskip("django")
 
@@ -55,9 +55,7 @@ def start_worker(django_url: str, tasks: Any) -> Iterator[Starter]:
         return worker
 
     yield start
-    for worker, thread in running:
-        worker.abort()
-        thread.join(10)
+    end_workers(running)
 
 
 def _jobs(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:

@@ -23,7 +23,7 @@ from fairqueue.metrics import Metrics
 from fairqueue.worker import EXIT_ABORTED, EXIT_OK, Worker, WorkerConfig
 from tests import worker_tasks as t
 from tests.conftest import Connections
-from tests.helpers import Records, assert_consistent, count, wait_for
+from tests.helpers import Records, assert_consistent, count, end_workers, wait_for
 
 Starter = Callable[..., Worker]
 
@@ -68,19 +68,7 @@ def start_worker(db_url: str) -> Iterator[Starter]:
         return worker
 
     yield start
-    for worker, _ in running:
-        worker.abort()
-    # release the handlers still held at a gate or a barrier before waiting for the workers: a worker
-    # thread left running past the test logs into the stream pytest has closed by then
-    for key in list(t.GATES):
-        t.GATES[key].set()
-    for barrier in t.BARRIERS.values():
-        barrier.abort()
-    for _, thread in running:
-        thread.join(10)
-    t.GATES.clear()
-    t.CALLS.clear()
-    t.BARRIERS.clear()
+    end_workers(running)
 
 
 def stop_and_wait(worker: Worker, timeout: float = 20.0) -> int:

@@ -35,7 +35,16 @@ from psycopg import pq, sql
 
 from fairqueue._db import arun, async_driver_connection, executor_for, psycopg_error
 from fairqueue.errors import FairqueueError, InvalidJobError, UnsupportedConnectionError
-from fairqueue.producer import JobSpec, _check, _check_dependencies_exist, _Checked, _dependencies_exist, _enqueue_many
+from fairqueue.producer import (
+    JobSpec,
+    _check,
+    _check_dependencies_exist,
+    _check_limits_exist,
+    _Checked,
+    _dependencies_exist,
+    _enqueue_many,
+    _limits_exist,
+)
 from fairqueue.sql import Q
 from fairqueue.tracing import trace_context
 from fairqueue.validation import check_text
@@ -63,6 +72,9 @@ ALL_COLUMNS = (
 #: a batch carries the column, so a batch without fair keys has the COPY text and digest it always had
 #: (a bulk run's ledger recorded before fair keys still matches it).
 KEYED_COLUMNS = (*ALL_COLUMNS, "fair_key")
+#: The column a batch in which some job has shared limits carries last (after ``fair_key`` if keyed):
+#: each job's limits as a JSON array of names. Batches without limits keep their text and digest.
+LIMITS_COLUMN = "limits"
 
 # COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -121,7 +133,7 @@ def ensure_stage(conn: psycopg.Connection[Any]) -> None:
         if not (row and row[0]):
             cur.execute(Q.bulk_create_stage)
         elif not row[1]:  # made by an older fairqueue in this session (through a pooler, say)
-            cur.execute(Q.bulk_stage_add_fair_key)
+            cur.execute(Q.bulk_stage_add_columns)
 
 
 def recorded_batch(conn: psycopg.Connection[Any], run_id: str, batch_key: str) -> tuple[str, BatchResult] | None:
@@ -145,12 +157,14 @@ def enqueue_staged(
     max_attempts: int | None = None,
     timeout: float | None = None,
     trace_context: str | None = None,
+    limits: Sequence[str] | None = None,
 ) -> BatchResult:
     """COPYs ``data`` (rows of ``columns`` in COPY text format, each ending in a newline) into the
-    staging table and enqueues them, as a batch of ``run_id`` if given. ``kind``, ``max_attempts``
-    and ``timeout`` fill rows that do not carry them. Runs in a transaction of its own, or in a
-    savepoint of the caller's transaction (the staging table is made in it if need be, so this also
-    works through a pooler that hands each transaction to another server session).
+    staging table and enqueues them, as a batch of ``run_id`` if given. ``kind``, ``max_attempts``,
+    ``timeout`` and ``limits`` (checked shared limit names) fill rows that do not carry them. Runs in
+    a transaction of its own, or in a savepoint of the caller's transaction (the staging table is made
+    in it if need be, so this also works through a pooler that hands each transaction to another
+    server session).
 
     The rows must have been validated: the database only enforces its constraints.
     """
@@ -165,6 +179,7 @@ def enqueue_staged(
         "digest": digest,
         "call_id": call_id,
         "trace_context": trace_context,
+        "limits": None if limits is None else json.dumps(list(limits)),
     }
     try:
         with conn.transaction(), conn.cursor() as cur:
@@ -181,7 +196,7 @@ def enqueue_staged(
 
 
 def _copy_sql(columns: Sequence[str]) -> sql.Composed:
-    unknown = set(columns) - set(KEYED_COLUMNS)
+    unknown = set(columns) - {*KEYED_COLUMNS, LIMITS_COLUMN}
     if unknown:
         raise ValueError(f"unknown staging columns {sorted(unknown)}")
     return sql.SQL(Q.bulk_copy_into_stage).format(columns=sql.SQL(", ").join(map(sql.Identifier, columns)))
@@ -202,10 +217,6 @@ def _psycopg_connection(db: object) -> psycopg.Connection[Any]:
     return raw
 
 
-#: bulk_enqueue's COPY path has no column for shared limits yet: such jobs are refused, not run unlimited
-_NO_LIMITS = "bulk_enqueue does not take shared limits (limits=): enqueue these jobs with enqueue_many"
-
-
 def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -> list[_Checked]:
     """enqueue_many's checks, job by job (mappings are read directly rather than through JobSpec);
     ``start`` numbers the jobs in error messages."""
@@ -218,8 +229,6 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     raise InvalidJobError(f"unknown field(s) {sorted(set(spec) - fields)}")
                 if "kind" not in spec:
                     raise InvalidJobError("kind is required")
-                if spec.get("limits") is not None:
-                    raise InvalidJobError(_NO_LIMITS)
                 get = spec.get
                 job = _check(
                     spec["kind"],
@@ -234,10 +243,9 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     get("after"),
                     get("priority", 0),
                     get("fair_key"),
+                    get("limits"),
                 )
             elif isinstance(spec, JobSpec):
-                if spec.limits is not None:
-                    raise InvalidJobError(_NO_LIMITS)
                 job = _check(
                     spec.kind,
                     spec.args,
@@ -251,6 +259,7 @@ def _checked_jobs(jobs: Iterable[JobSpec | Mapping[str, Any]], start: int = 0) -
                     spec.after,
                     spec.priority,
                     spec.fair_key,
+                    spec.limits,
                 )
             else:
                 raise InvalidJobError(f"expected a JobSpec or a mapping, got {type(spec).__name__}")
@@ -311,6 +320,8 @@ def _bulk_enqueue_in_chunks(db: object, jobs: Iterable[JobSpec | Mapping[str, An
                 dependencies = {d for job in chunk for d in (job.after or ())}
                 if dependencies:
                     _check_dependencies_exist(executor_for(conn), dependencies)
+                if _limited(chunk):
+                    _check_limits_exist(executor_for(conn), chunk, jobs_in)
                 result = enqueue_staged(conn, data, _columns(chunk), trace_context=trace)
                 jobs_in, created = jobs_in + result.jobs, created + result.created
                 if helper is not None:
@@ -335,19 +346,25 @@ def _keyed(checked: list[_Checked]) -> bool:
     return any(j.fair_key is not None for j in checked)
 
 
+def _limited(checked: list[_Checked]) -> bool:
+    return any(j.limits is not None for j in checked)
+
+
 def _columns(checked: list[_Checked]) -> tuple[str, ...]:
     """The staged columns of these jobs (of :func:`_copy_text`'s rows)."""
-    return KEYED_COLUMNS if _keyed(checked) else ALL_COLUMNS
+    columns = KEYED_COLUMNS if _keyed(checked) else ALL_COLUMNS
+    return (*columns, LIMITS_COLUMN) if _limited(checked) else columns
 
 
 def _copy_text(checked: list[_Checked]) -> str:
-    """The jobs' rows in COPY text format, of :func:`_columns`: the fair key is a last field only when
-    some job has one (so that a batch without keys has the text, and digest, it always had)."""
-    keyed = _keyed(checked)
+    """The jobs' rows in COPY text format, of :func:`_columns`: the fair key is a field only when some
+    job has one, and the limits (a JSON array) a last field only when some job has them (so that a
+    batch without either has the text, and digest, it always had)."""
+    keyed, limited = _keyed(checked), _limited(checked)
     lines = []
     for j in checked:
         args = j.args.replace("\\", "\\\\") if "\\" in j.args else j.args  # JSON text has no raw tabs or newlines
-        fields = (
+        fields: tuple[str, ...] = (
             _escape_name(j.kind),
             _escape_name(j.channel),
             args,
@@ -359,7 +376,11 @@ def _copy_text(checked: list[_Checked]) -> str:
             NULL if j.after is None else "[" + ",".join(map(str, j.after)) + "]",
             str(j.priority),
         )
-        lines.append("\t".join((*fields, escape(j.fair_key)) if keyed else fields))
+        if keyed:
+            fields = (*fields, escape(j.fair_key))
+        if limited:
+            fields = (*fields, NULL if j.limits is None else escape(json.dumps(j.limits)))
+        lines.append("\t".join(fields))
     lines.append("")
     return "\n".join(lines)
 
@@ -395,6 +416,8 @@ def bulk_enqueue(
     dependencies = {d for job in checked for d in (job.after or ())}
     if dependencies:
         _check_dependencies_exist(executor_for(db), dependencies)
+    if _limited(checked):
+        _check_limits_exist(executor_for(db), checked)
     conn = _psycopg_connection(db)
     data, columns = _copy_text(checked), _columns(checked)
     digest = digest_of(data, *columns) if run_id is not None else None
@@ -460,6 +483,7 @@ async def abulk_enqueue(
         return BatchResult(len(created), sum(1 for _, new in created if new))
     try:
         await arun(conn, _dependencies_exist({d for job in checked for d in (job.after or ())}))
+        await arun(conn, _limits_exist(checked, numbered=True))
         await _aensure_stage(conn)  # begins the caller's transaction where psycopg would
         trace = trace_context()
         if run_id is not None:
@@ -494,7 +518,7 @@ async def _aensure_stage(conn: psycopg.AsyncConnection[Any]) -> None:
         if not (row and row[0]):
             await cur.execute(Q.bulk_create_stage)
         elif not row[1]:
-            await cur.execute(Q.bulk_stage_add_fair_key)
+            await cur.execute(Q.bulk_stage_add_columns)
 
 
 async def _aenqueue_staged(
@@ -520,6 +544,7 @@ async def _aenqueue_staged(
         "digest": digest,
         "call_id": call_id,
         "trace_context": trace_context,
+        "limits": None,
     }
     try:
         async with conn.transaction(), conn.cursor() as cur:

@@ -112,15 +112,15 @@ def _dependencies_exist(ids: set[int]) -> Steps[None]:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
 
 
-def _limits_exist(jobs: list[_Checked], *, numbered: bool) -> Steps[None]:
+def _limits_exist(jobs: list[_Checked], *, numbered: bool, start: int = 0) -> Steps[None]:
     """Refuses a shared limit name that is not configured, before anything is written (one read, only
     when some job has limits); the enqueue functions would refuse it too, but by aborting the caller's
-    transaction."""
+    transaction. ``start`` numbers the jobs in the message (a chunk of a bulk enqueue)."""
     names = sorted({name for job in jobs for name in (job.limits or ())})
     if not names:
         return
     found = {row[0] for row in (yield Q.existing_limits, {"names": names})}
-    for i, job in enumerate(jobs):
+    for i, job in enumerate(jobs, start):
         missing = [name for name in job.limits or () if name not in found]
         if missing:
             where = f"job #{i}: " if numbered else ""
@@ -131,6 +131,10 @@ def _limits_exist(jobs: list[_Checked], *, numbered: bool) -> Steps[None]:
 
 def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:
     run(ex, _dependencies_exist(ids))
+
+
+def _check_limits_exist(ex: Executor, jobs: list[_Checked], start: int = 0) -> None:
+    run(ex, _limits_exist(jobs, numbered=True, start=start))
 
 
 def enqueue(

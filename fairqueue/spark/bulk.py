@@ -43,7 +43,7 @@ from fairqueue.errors import ConfigurationError, InvalidJobError
 from fairqueue.sql import Q
 from fairqueue.tracing import trace_context
 from fairqueue.urls import redact, resolve
-from fairqueue.validation import MAX_CHANNEL, MAX_NAME, check_max_attempts, check_seconds, check_text
+from fairqueue.validation import MAX_CHANNEL, MAX_NAME, check_limits, check_max_attempts, check_seconds, check_text
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -288,6 +288,7 @@ class _Writer:
     timeout: float | None
     trace_context: str | None = None  # the driver's, current at enqueue_dataframe (fairqueue.tracing)
     columns: tuple[str, ...] = COLUMNS  # KEYED_COLUMNS with fair keys
+    limits: tuple[str, ...] | None = None  # every job's shared limits (checked names, in name order)
 
     def __call__(self, batches: Iterable[Any]) -> Iterator[tuple[str, int, int, bool, float]]:
         from pyspark import TaskContext
@@ -306,7 +307,9 @@ class _Writer:
         """One batch in one transaction; returns (key, rows, jobs created, committed by an earlier call,
         seconds spent on it)."""
         started = time.perf_counter()
-        digest = bulk.digest_of(data, self.kind, self.max_attempts, self.timeout, *self.columns)
+        # (the limits are part of a batch's content; a run without them keeps the digests it always had)
+        limits = ("limits", *self.limits) if self.limits else ()
+        digest = bulk.digest_of(data, self.kind, self.max_attempts, self.timeout, *self.columns, *limits)
         known = bulk.recorded_batch(conn, self.run_id, key)
         if known is None:
             result = bulk.enqueue_staged(
@@ -321,6 +324,7 @@ class _Writer:
                 max_attempts=self.max_attempts,
                 timeout=self.timeout,
                 trace_context=self.trace_context,
+                limits=self.limits,
             )
         else:
             recorded, result = known
@@ -356,11 +360,13 @@ def _ledger(url: str, run_id: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _check_database(url: str) -> None:
-    """Fails early, before any Spark work, when the database cannot take a bulk run from us."""
+def _check_database(url: str, limits: list[str] | None = None) -> None:
+    """Fails early, before any Spark work, when the database cannot take a bulk run from us, or does
+    not know one of the shared ``limits``."""
     try:
         with psycopg.connect(url, autocommit=True, connect_timeout=30) as conn:
             row = conn.execute(Q.bulk_enqueue_allowed).fetchone()
+            known = {r[0] for r in conn.execute(Q.existing_limits, {"names": limits})} if limits else set()
     except psycopg.OperationalError as exc:
         raise ConfigurationError(f"cannot connect to the database {redact(url)}: {str(exc).strip()}") from None
     assert row is not None
@@ -370,6 +376,9 @@ def _check_database(url: str) -> None:
         )
     if not row[1]:
         raise ConfigurationError("this database role may not bulk enqueue: grant it (fairqueue grant producer ROLE)")
+    for name in limits or ():
+        if name not in known:
+            raise InvalidJobError(f"shared limit {name!r} is not configured (see fairqueue.configure_limit)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +434,7 @@ def enqueue_dataframe(
     args_cols: Sequence[str] | Mapping[str, str] = (),
     unique_key_col: str | None = None,
     fair_key_col: str | None = None,
+    limits: Sequence[str] | None = None,
     max_attempts: int | None = None,
     timeout: float | timedelta | None = None,
     batch_size: int = 10_000,
@@ -444,6 +454,9 @@ def enqueue_dataframe(
       not hold back another key's jobs); the channel's share of the workers does not depend on how
       many keys it uses. The keys are part of the content: the same rows with other keys are
       another run.
+    - ``limits``: names of shared limits (:func:`fairqueue.configure_limit`) every job counts against,
+      as :func:`fairqueue.enqueue`'s ``limits``: the jobs wait for their slots, the channels waiting
+      on a limit taking turns at it. Each name must be configured before the call.
     - ``max_attempts`` / ``timeout``: as for :func:`fairqueue.enqueue`, the same for every job.
     - ``batch_size``: rows per batch, i.e. per transaction (the largest batch; most are a little smaller).
     - ``run_id``: names the run; by default it is derived from the content, so calling again with
@@ -472,6 +485,7 @@ def enqueue_dataframe(
         raise InvalidJobError(f"partitions must be a positive whole number, got {partitions!r}")
     if run_id is not None:
         run_id = check_text("run_id", run_id)
+    limit_names = None if limits is None else check_limits(limits)
     if channel_col is not None:
         ch = _quoted(_string_column(df, "channel_col", channel_col))
     else:
@@ -519,7 +533,7 @@ def enqueue_dataframe(
         ).alias("_problem"),
     )
 
-    _check_database(url)
+    _check_database(url, limit_names)
     sc = df.sparkSession.sparkContext
     sc.setJobDescription(f"{JOB_DESCRIPTION}: check rows ({kind})")
     try:
@@ -559,6 +573,8 @@ def enqueue_dataframe(
             "batch_size": batch_size,
             "content": fingerprint,
         }
+        if limit_names:  # (a run without limits keeps the id it always had)
+            identity["limits"] = limit_names
         run_id = "df-" + hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).hexdigest()
     if rows == 0:
         return BulkRunResult(run_id, 0, 0, 0, 0, 0, 0, time.perf_counter() - started)
@@ -604,7 +620,15 @@ def enqueue_dataframe(
     call_id = uuid.uuid4().hex
     # the executors run outside the driver's trace: the jobs carry the context current here
     writer = _Writer(
-        url, run_id, call_id, kind, max_attempts, timeout_s, trace_context(), KEYED_COLUMNS if keyed else COLUMNS
+        url,
+        run_id,
+        call_id,
+        kind,
+        max_attempts,
+        timeout_s,
+        trace_context(),
+        KEYED_COLUMNS if keyed else COLUMNS,
+        None if limit_names is None else tuple(limit_names),
     )
     sc.setJobDescription(f"{JOB_DESCRIPTION}: write run {run_id}")
     try:

@@ -1,8 +1,8 @@
 """limits= on every caller kind (see conftest.py): enqueue and enqueue_many store a job's shared limits
 with the caller's transaction (the async API's counterparts do the same), and the job waits for its
 limit's slot like any other; a limit that is not configured, or a bad list, raises InvalidJobError
-before anything is written and leaves the caller's transaction usable; bulk_enqueue, whose COPY path
-has no column for limits, refuses them rather than run the jobs unlimited."""
+before anything is written and leaves the caller's transaction usable (bulk_enqueue too: its COPY
+path carries each job's limits since schema fq0021, and checks their names first)."""
 
 from __future__ import annotations
 
@@ -38,19 +38,44 @@ def test_every_producer_call_stores_the_limits_at_commit(caller: Caller) -> None
     assert_consistent(caller.conn)
 
 
+def test_bulk_enqueue_stores_the_limits_at_commit(caller: Caller) -> None:
+    fairqueue.configure_limit(caller.conn, "stripe-api", max_concurrency=1)
+    with caller.transaction() as tx:
+        result = tx.fq.bulk_enqueue(
+            tx.db,
+            [
+                {"kind": "bulk", "channel": "acme", "limits": ["stripe-api"]},
+                fairqueue.JobSpec("bulk", channel="globex", limits=["stripe-api"]),
+                {"kind": "bulk", "channel": "globex"},
+            ],
+        )
+        assert (result.jobs, result.created) == (3, 3)
+        assert count(caller.conn, "job") == 0  # not before the caller commits
+        tx.commit()
+    rows = caller.conn.execute("SELECT id, channel, limits FROM fairqueue.job ORDER BY id").fetchall()
+    assert [r[1:] for r in rows] == [("acme", ["stripe-api"]), ("globex", ["stripe-api"]), ("globex", None)]
+    worker = fairqueue.register_worker(caller.conn, "w", lease_seconds=60)
+    claimed = {j.id for j in fairqueue.claim_batch(caller.conn, worker, 10)}
+    # the job without limits, and one of the two that share stripe-api's one slot
+    assert rows[2][0] in claimed and len(claimed & {rows[0][0], rows[1][0]}) == 1 and len(claimed) == 2
+    assert_consistent(caller.conn)
+
+
 BAD_LIMIT_CALLS: dict[str, Any] = {
     "enqueue": lambda fq, db: fq.enqueue(db, "k", limits=["nope"]),
     "enqueue_many": lambda fq, db: fq.enqueue_many(
         db, [{"kind": "k", "limits": ["api"]}, {"kind": "k", "limits": ["nope"]}]
     ),
     "enqueue_many_type": lambda fq, db: fq.enqueue_many(db, [{"kind": "k"}, {"kind": "k", "limits": "api"}]),
-    "bulk_enqueue": lambda fq, db: fq.bulk_enqueue(db, [{"kind": "k"}, {"kind": "k", "limits": ["api"]}]),
+    "bulk_enqueue": lambda fq, db: fq.bulk_enqueue(
+        db, [{"kind": "k", "limits": ["api"]}, {"kind": "k", "limits": ["nope"]}]
+    ),
 }
 MESSAGES = {
     "enqueue": r"^shared limit 'nope' is not configured \(see fairqueue.configure_limit\)$",
     "enqueue_many": r"^job #1: shared limit 'nope' is not configured",
     "enqueue_many_type": r"^job #1: limits must be a list of shared limit names",
-    "bulk_enqueue": r"^job #1: bulk_enqueue does not take shared limits \(limits=\): enqueue these jobs with",
+    "bulk_enqueue": r"^job #1: shared limit 'nope' is not configured",
 }
 
 

@@ -89,9 +89,10 @@ END $$;
 -- jobs), whether it had been committed before (then nothing was written now: the numbers are those
 -- recorded then, and p_digest must match the recorded digest) and the call id that committed it.
 --
--- Jobs that are ready at once (no run_at, fifo_key, fair_key or dependencies: most bulk loads)
--- take a leaner path than enqueue_many (no per-job result rows, no re-sorting), with the same
--- rows written and the same wakeup as enqueue_many; any other batch goes through enqueue_many.
+-- Jobs that are ready at once (no run_at, fifo_key, fair_key, shared limits or dependencies: most
+-- bulk loads) take a leaner path than enqueue_many (no per-job result rows, no re-sorting), with the
+-- same rows written and the same wakeup as enqueue_many; any other batch goes through enqueue_many
+-- (p_limits: each job's shared limits as a JSON array of names, checked there).
 CREATE FUNCTION fairqueue.enqueue_batch(
     p_run_id        text,
     p_batch_key     text,
@@ -108,7 +109,8 @@ CREATE FUNCTION fairqueue.enqueue_batch(
     p_depends_on    jsonb[] DEFAULT NULL,
     p_priorities    smallint[] DEFAULT NULL,
     p_trace_context jsonb DEFAULT NULL,
-    p_fair_keys     text[] DEFAULT NULL)
+    p_fair_keys     text[] DEFAULT NULL,
+    p_limits        jsonb[] DEFAULT NULL)
 RETURNS TABLE (jobs integer, created integer, done_before boolean, call_id text)
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -160,7 +162,8 @@ BEGIN
 
     IF v_n = 0 THEN
         v_created := 0;
-    ELSIF p_run_ats IS NULL AND p_fifo_keys IS NULL AND p_depends_on IS NULL AND p_fair_keys IS NULL THEN
+    ELSIF p_run_ats IS NULL AND p_fifo_keys IS NULL AND p_depends_on IS NULL AND p_fair_keys IS NULL
+          AND p_limits IS NULL THEN
         WITH inserted AS (
             INSERT INTO fairqueue.job (kind, channel, args, max_attempts, timeout_seconds, unique_key, created_at,
                                        priority, trace_context)
@@ -194,7 +197,7 @@ BEGIN
                                     p_unique_keys, p_fifo_keys, p_depends_on, p_priorities,
                                     CASE WHEN p_trace_context IS NOT NULL
                                          THEN array_fill(p_trace_context, ARRAY[v_n]) END,
-                                    p_fair_keys) AS e;
+                                    p_fair_keys, p_limits) AS e;
     END IF;
 
     IF p_run_id IS NOT NULL AND v_created > 0 THEN

@@ -32,7 +32,11 @@ def test_a_producer_keeps_bulk_enqueue_through_the_upgrade_and_back(empty_databa
         assert _may_bulk_enqueue(conn, role)
         assert not _may_bulk_enqueue(conn, "public")
         with psycopg.connect(as_role(url, role), autocommit=True) as producer:
-            jobs = [{"kind": "a", "limits": ["api"]}, {"kind": "b", "limits": ["api"]}, {"kind": "c"}]
+            jobs: list[dict[str, Any]] = [
+                {"kind": "a", "limits": ["api"]},
+                {"kind": "b", "limits": ["api"]},
+                {"kind": "c"},
+            ]
             assert fairqueue.bulk_enqueue(producer, jobs).created == 3
         worker = fairqueue.register_worker(conn, "w", lease_seconds=60)
         assert sorted(j.kind for j in fairqueue.claim_batch(conn, worker, 10)) == ["a", "c"]  # one slot

@@ -40,6 +40,11 @@ How Django's task model maps onto fairqueue:
   ``"default:user-42"`` is a key of ``FAIRQUEUE['DEFAULT_CHANNEL']``. ``using`` refuses a name whose
   channel (1 to 200 characters) or key (1 to 255 characters) cannot be, and ``QUEUES``, when given,
   lists the channels allowed (any key may follow them).
+- ``OPTIONS["LIMITS"]`` names the shared limits (:func:`fairqueue.configure_limit`) each task's jobs
+  count against, by the task's module path: ``{"shop.tasks.charge": ["stripe-api"]}``. Every job of
+  that task holds a slot of each while it is ready or running, and waits for them otherwise, the
+  channels waiting on a limit taking turns at it. A name that is not configured makes ``enqueue``
+  raise :class:`fairqueue.InvalidJobError` with nothing written.
 - ``priority`` (Django's, -100 to 100, default 0) is the job's fairqueue priority: within its
   channel (its queue), higher runs first, then enqueue order; it never takes another channel's turn.
   ``run_after`` becomes the job's ``run_at``.
@@ -76,7 +81,8 @@ OPTIONS (all optional): ``DATABASE`` (a Django alias, default ``FAIRQUEUE['DATAB
 ``MAX_ATTEMPTS`` (default fairqueue's, 3), ``TIMEOUT`` (seconds per attempt, default none),
 ``RETRY_BACKOFF`` / ``RETRY_BACKOFF_MAX`` (seconds, default 1 / 300: exponential, jittered),
 ``FAIR_KEY_SEPARATOR`` (default None: off; 1 to 16 characters without control characters, such as
-``":"``: splits a queue name into channel and fair key at its first occurrence, as above).
+``":"``: splits a queue name into channel and fair key at its first occurrence, as above),
+``LIMITS`` (default none: a mapping of task module paths to shared limit names, as above).
 """
 
 from __future__ import annotations
@@ -111,14 +117,23 @@ from fairqueue.inspection import JobInfo
 from fairqueue.sql import Q
 from fairqueue.tasks import Backoff, HandlerFailed, JobContext, ResultNotStorable, registry
 from fairqueue.tasks import Task as FairqueueTask
-from fairqueue.validation import MAX_CHANNEL, check_max_attempts, check_result, check_seconds, check_text
+from fairqueue.validation import (
+    MAX_CHANNEL,
+    check_limits,
+    check_max_attempts,
+    check_result,
+    check_seconds,
+    check_text,
+)
 from fairqueue_django import conf
 
 __all__ = ["FairQueueBackend", "InvalidTaskArguments"]
 
 log = logging.getLogger("fairqueue.django.tasks")
 
-OPTIONS = frozenset({"DATABASE", "MAX_ATTEMPTS", "TIMEOUT", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX", "FAIR_KEY_SEPARATOR"})
+OPTIONS = frozenset(
+    {"DATABASE", "MAX_ATTEMPTS", "TIMEOUT", "RETRY_BACKOFF", "RETRY_BACKOFF_MAX", "FAIR_KEY_SEPARATOR", "LIMITS"}
+)
 #: The longest FAIR_KEY_SEPARATOR (it goes between a channel name and a fair key).
 MAX_SEPARATOR = 16
 
@@ -143,6 +158,27 @@ CLASS_NOTE = "fairqueue_django.exception_class="
 _CLASS_LINE = re.compile(r"^[ |]*" + re.escape(CLASS_NOTE) + r"(\S+)(?: header=(\d+))?[ \t]*\n?", re.MULTILINE)
 _TRACEBACK_START = re.compile(r"\n\n(?=(?:  \+ Exception Group )?Traceback \(most recent call last\):\n)")
 _LAST_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def _check_task_limits(_name: str, value: object) -> dict[str, list[str]]:
+    """``LIMITS``: {a task's module path: the shared limit names its jobs count against} (the
+    messages follow the option's name)."""
+    if not isinstance(value, Mapping):
+        raise InvalidJobError(
+            f'it must map task paths to lists of shared limit names, e.g. {{"shop.tasks.charge": '
+            f'["stripe-api"]}}, got {type(value).__name__}'
+        )
+    limits: dict[str, list[str]] = {}
+    for path, names in value.items():
+        if not isinstance(path, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", path):
+            raise InvalidJobError(f'a key must be a task\'s module path such as "shop.tasks.charge", got {path!r}')
+        try:
+            checked = check_limits(names)
+        except InvalidJobError as exc:
+            raise InvalidJobError(f"task {path!r}: {exc}") from None
+        if checked:
+            limits[path] = checked
+    return limits
 
 
 class FairQueueBackend(BaseTaskBackend):
@@ -190,6 +226,8 @@ class FairQueueBackend(BaseTaskBackend):
         self.fair_key_separator: str | None = option(
             "FAIR_KEY_SEPARATOR", None, lambda name, v: check_text(name, v, max_len=MAX_SEPARATOR)
         )
+        #: the shared limits of the jobs of each task, by the task's module path (none: no limits)
+        self.limits: dict[str, list[str]] = option("LIMITS", {}, _check_task_limits) or {}
 
     # -- mapping ------------------------------------------------------------------------------------
 
@@ -275,6 +313,7 @@ class FairQueueBackend(BaseTaskBackend):
             timeout=self.timeout,
             priority=int(task.priority),  # Django checked it: a whole number (maybe 5.0) from -100 to 100
             fair_key=self.fair_key_for(task.queue_name),
+            limits=self.limits.get(task.module_path),
         )
         # the time the job was stored with, as get_result reads it back (not this process's clock)
         [(enqueued_at,)] = executor_for(connection).rows(Q.django_enqueued_at, (job_id,))

@@ -16,7 +16,7 @@ import psycopg
 from fairqueue.cli.args import bounded_int, connect, database_url_option, job_id_type, positive_float, refuse
 from fairqueue.errors import ConfigurationError
 from fairqueue.sql import Q
-from fairqueue.validation import MAX_CHANNEL, check_optional_text, check_text
+from fairqueue.validation import MAX_CHANNEL, check_limits, check_optional_text, check_text
 
 
 def _json_type(value: object) -> str:
@@ -115,6 +115,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
     check_optional_text("unique_key", args.unique_key)
     check_optional_text("fifo_key", args.fifo_key)
     check_optional_text("fair_key", args.fair_key)
+    limits = None if args.limits is None else check_limits(args.limits)
     job_args = _parse_job_args(args.args)
     run_at = None if args.run_at is None else _parse_run_at(args.run_at)
     channel, max_attempts, priority = args.channel, args.max_attempts, args.priority
@@ -125,6 +126,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
         channel = task.channel if channel is None else channel
         max_attempts = task.max_attempts if max_attempts is None else max_attempts
         priority = task.priority if priority is None else priority
+        limits = task.limits if limits is None else limits  # its shared limits hold from the shell too
     with connect(args) as conn:
         try:
             job_id = enqueue(
@@ -142,6 +144,7 @@ def _cmd_enqueue(args: argparse.Namespace) -> int:
                 on_duplicate="raise",
                 priority=0 if priority is None else priority,
                 fair_key=args.fair_key,
+                limits=limits,
             )
         except DuplicateJobError as exc:
             conn.rollback()
@@ -369,6 +372,14 @@ def add_admin_commands(commands: Any) -> None:
         metavar="K",
         help="within its channel, jobs take turns across their fair keys (one key's flood does not hold back "
         "another key's jobs)",
+    )
+    enqueue.add_argument(
+        "--limit",
+        dest="limits",
+        action="append",
+        metavar="NAME",
+        help="a shared limit the job counts against (configured first: fairqueue limits set); repeat for "
+        "several (default: the task's with --import, else none)",
     )
     enqueue.add_argument(
         "--priority",

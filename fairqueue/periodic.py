@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from fairqueue._db import executor_for
+import psycopg
+
+from fairqueue._db import db_error_text, executor_for, psycopg_error
 from fairqueue.cron import CronSchedule
 from fairqueue.errors import ConfigurationError
 from fairqueue.sql import Q
@@ -147,7 +149,9 @@ class PeriodicRunner:
 
     def tick(self, db: object, *, now: datetime | None = None) -> dict[str, int | None]:
         """Registers changed definitions and handles each schedule's latest due tick. ``now``
-        replaces the database's clock (tests). Returns, per schedule handled, the job id (0: skipped)."""
+        replaces the database's clock (tests). Returns, per schedule handled, the job id (0: skipped;
+        None: the database refused its job, e.g. for a shared limit that is not configured, and the
+        tick stays due)."""
         entries = {p.name: p for p in self.entries()}
         if not entries:
             return {}
@@ -163,7 +167,22 @@ class PeriodicRunner:
             if paused:
                 continue
             for tick, fire in self._due(entry, last_tick, current, resumed_at):
-                [(job_id,)] = ex.rows(Q.fire_periodic, (name, tick, fire, entry.task.max_attempts))
+                try:
+                    [(job_id,)] = ex.rows(
+                        Q.fire_periodic,
+                        (name, tick, fire, entry.task.max_attempts, entry.task.priority, entry.task.limits),
+                    )
+                except Exception as exc:
+                    # the database refused the tick's job (a shared limit of the task that is not
+                    # configured): the tick stays due, and the other schedules fire
+                    if not isinstance(psycopg_error(exc), psycopg.errors.InvalidParameterValue):
+                        raise
+                    log.error(
+                        "a periodic job was refused; its tick stays due",
+                        extra={"schedule": name, "tick": tick.isoformat(), "error": db_error_text(exc)},
+                    )
+                    handled[name] = None
+                    break
                 handled[name] = job_id
                 if job_id == 0:
                     log.warning("skipped a missed tick", extra={"schedule": name, "tick": tick.isoformat()})

@@ -1,4 +1,4 @@
-"""fairqueue 0021: bulk enqueue takes shared limits.
+"""fairqueue 0021: bulk enqueue takes shared limits; periodic jobs take their task's priority and limits.
 
 Revision ID: fq0021
 Revises: fq0020

@@ -1,5 +1,5 @@
 """fairqueue schema revision fq0021 (fairqueue/sql/migrations/v0021_up.sql): bulk enqueue takes shared
-limits."""
+limits; periodic jobs take their task's priority and limits."""
 
 from django.db import migrations
 

@@ -412,3 +412,39 @@ def test_a_schedule_that_never_fired_lists_no_last_tick(
     assert run.tick(conn, now=later + MISSED_GRACE + timedelta(seconds=1)) == {"ten-minutes": 0}
     [listed] = json.loads(listing("periodic", "list", "--json"))
     assert (listed["last_tick"], listed["last_job_id"]) == (later.isoformat(), first_job)
+
+
+def test_a_periodic_job_has_its_tasks_priority_and_shared_limits(conn: psycopg.Connection[Any]) -> None:
+    """fq0021: before it, a periodic job ran with priority 0 and none of its task's shared limits."""
+    from tests.limited_tasks import limited_charge
+
+    fairqueue.configure_limit(conn, "payments-api", max_concurrency=1)
+    every_minute = CronSchedule.parse("* * * * *")
+    schedule = Periodic("limited", every_minute, limited_charge, {"amount": 1}, "cron", "skip")
+    run = runner(schedule)
+    now = db_now(conn)
+    run.tick(conn, now=now)
+    assert run.tick(conn, now=schedule.schedule.next_after(now) + timedelta(seconds=5))["limited"]
+    row = conn.execute("SELECT kind, priority, limits FROM fairqueue.job").fetchone()
+    assert row == ("t.limited_charge", -20, ["payments-api"])
+    assert count(conn, "running_job") == 0  # its slot comes from the intake, as for any job with limits
+
+
+def test_a_periodic_job_whose_limit_is_not_configured_waits_and_the_others_fire(
+    conn: psycopg.Connection[Any],
+) -> None:
+    from tests.limited_tasks import limited_charge
+
+    every_minute = CronSchedule.parse("* * * * *")
+    limited = Periodic("limited", every_minute, limited_charge, {"amount": 1}, "cron", "skip")
+    minute = entry()
+    run = runner(limited, minute)
+    now = db_now(conn)
+    run.tick(conn, now=now)
+    later = every_minute.next_after(now) + timedelta(seconds=5)
+    fired = run.tick(conn, now=later)
+    assert fired["limited"] is None and fired["every-minute"]  # refused, logged; the other schedule fired
+    assert [kind for kind, *_ in jobs(conn)] == ["t.add"]
+    fairqueue.configure_limit(conn, "payments-api", max_concurrency=1)
+    assert run.tick(conn, now=later)["limited"]  # the same tick, once the limit exists
+    assert [kind for kind, *_ in jobs(conn)] == ["t.add", "t.limited_charge"]

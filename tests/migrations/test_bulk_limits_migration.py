@@ -1,6 +1,7 @@
-"""Revision fq0021 gives enqueue_batch a last parameter (each job's shared limits), so the function is
-dropped and created again: the roles that could execute it keep that right in both directions, and
-jobs with limits staged by bulk_enqueue wait for their slots after the upgrade."""
+"""Revision fq0021 gives enqueue_batch a last parameter (each job's shared limits) and fire_periodic two
+(the task's priority and shared limits), so both functions are dropped and created again: the roles
+that could execute them keep that right in both directions, and jobs with limits staged by
+bulk_enqueue wait for their slots after the upgrade."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from tests.helpers import as_role, count, producer_role_for
 
 
 def _may_bulk_enqueue(conn: psycopg.Connection[Any], role: str) -> bool:
+    """Whether ``role`` may execute enqueue_batch, and fire_periodic (the test grants it that too)."""
     row = conn.execute(
-        "SELECT has_function_privilege(%s, to_regproc('fairqueue.enqueue_batch'), 'EXECUTE')", (role,)
+        "SELECT has_function_privilege(%s, to_regproc('fairqueue.enqueue_batch'), 'EXECUTE'),"
+        " has_function_privilege(%s, to_regproc('fairqueue.fire_periodic'), 'EXECUTE')",
+        (role, role),
     ).fetchone()
-    assert row is not None
+    assert row is not None and row[0] == row[1]
     return bool(row[0])
 
 
@@ -26,6 +30,8 @@ def test_a_producer_keeps_bulk_enqueue_through_the_upgrade_and_back(empty_databa
     migrations.upgrade(url, "fq0020")
     with psycopg.connect(url, autocommit=True) as conn, producer_role_for(conn, url) as role:
         fairqueue.configure_limit(conn, "api", max_concurrency=1)
+        fire = "fairqueue.fire_periodic(text, timestamptz, boolean, integer)"
+        conn.execute(f'GRANT EXECUTE ON FUNCTION {fire} TO "{role}"')
         assert _may_bulk_enqueue(conn, role)
 
         migrations.upgrade(url)

@@ -1,14 +1,17 @@
--- fairqueue schema, down from revision fq0021 to fq0020: enqueue_batch takes no shared limits.
+-- fairqueue schema, down from revision fq0021 to fq0020: enqueue_batch takes no shared limits, and
+-- fire_periodic enqueues with priority 0 and no limits.
 
 CREATE TEMPORARY TABLE fairqueue_v21_down_grants ON COMMIT DROP AS
-SELECT a.grantee::regrole::text AS grantee
+SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname = 'enqueue_batch'
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue_batch', 'fire_periodic')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
 DROP FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[], jsonb[]);
+
+DROP FUNCTION fairqueue.fire_periodic(text, timestamptz, boolean, integer, smallint, text[]);
 
 CREATE FUNCTION fairqueue.enqueue_batch(
     p_run_id        text,
@@ -121,12 +124,41 @@ BEGIN
     RETURN QUERY SELECT v_n, v_created, false, p_call_id;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[]) FROM PUBLIC;
+CREATE FUNCTION fairqueue.fire_periodic(p_name text, p_tick timestamptz, p_enqueue boolean, p_max_attempts integer)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_row  fairqueue.periodic_schedule%ROWTYPE;
+    v_job  bigint := 0;
+BEGIN
+    UPDATE fairqueue.periodic_schedule
+    SET last_tick = p_tick, updated_at = clock_timestamp()
+    WHERE name = p_name AND NOT paused AND (last_tick IS NULL OR last_tick < p_tick)
+    RETURNING * INTO v_row;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF p_enqueue THEN
+        SELECT e.job_id INTO v_job
+        FROM fairqueue.enqueue(v_row.kind, v_row.args, v_row.channel, NULL, p_max_attempts, NULL,
+                               'periodic:' || p_name || ':'
+                               || to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                               NULL, NULL) AS e;
+        UPDATE fairqueue.periodic_schedule SET last_job_id = v_job WHERE name = p_name;
+    END IF;
+    RETURN v_job;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[]), fairqueue.fire_periodic(text, timestamptz, boolean, integer) FROM PUBLIC;
 DO $$
 DECLARE
-    v_grantee text;
+    v_grant record;
 BEGIN
-    FOR v_grantee IN SELECT DISTINCT grantee FROM fairqueue_v21_down_grants ORDER BY 1 LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[]) TO %s', v_grantee);
+    FOR v_grant IN SELECT DISTINCT function, grantee FROM fairqueue_v21_down_grants ORDER BY 1, 2 LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
+                       CASE v_grant.function WHEN 'enqueue_batch' THEN 'fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[])' WHEN 'fire_periodic' THEN 'fairqueue.fire_periodic(text, timestamptz, boolean, integer)' END,
+                       v_grant.grantee);
     END LOOP;
 END $$;

@@ -1,19 +1,24 @@
--- fairqueue schema, revision fq0021: bulk enqueue takes shared limits.
+-- fairqueue schema, revision fq0021: bulk enqueue takes shared limits, and periodic jobs take
+-- their task's priority and shared limits.
 --
 -- enqueue_batch (fairqueue.bulk_enqueue, fairqueue.spark.enqueue_dataframe) gains a last parameter,
 -- each job's shared limits as a JSON array of names; a batch with limits goes through enqueue_many,
--- which checks the names and hands the jobs to the intake to get their slots. The function is
--- dropped and created again; the roles that could execute it keep that right.
+-- which checks the names and hands the jobs to the intake to get their slots. fire_periodic gains the
+-- task's priority and shared limits (a periodic job ran with priority 0 and none of its task's
+-- limits). Both functions are dropped and created again; the roles that could execute them keep that
+-- right.
 
 CREATE TEMPORARY TABLE fairqueue_v21_grants ON COMMIT DROP AS
-SELECT a.grantee::regrole::text AS grantee
+SELECT p.proname::text AS function, a.grantee::regrole::text AS grantee
 FROM pg_proc p
 JOIN pg_namespace n ON n.oid = p.pronamespace
 CROSS JOIN LATERAL aclexplode(p.proacl) AS a
-WHERE n.nspname = 'fairqueue' AND p.proname = 'enqueue_batch'
+WHERE n.nspname = 'fairqueue' AND p.proname IN ('enqueue_batch', 'fire_periodic')
   AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner AND a.grantee <> 0;
 
 DROP FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[]);
+
+DROP FUNCTION fairqueue.fire_periodic(text, timestamptz, boolean, integer);
 
 CREATE FUNCTION fairqueue.enqueue_batch(
     p_run_id        text,
@@ -128,12 +133,43 @@ BEGIN
     RETURN QUERY SELECT v_n, v_created, false, p_call_id;
 END $$;
 
-REVOKE EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[], jsonb[]) FROM PUBLIC;
+CREATE FUNCTION fairqueue.fire_periodic(p_name text, p_tick timestamptz, p_enqueue boolean, p_max_attempts integer,
+                                        p_priority smallint DEFAULT 0, p_limits text[] DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_row  fairqueue.periodic_schedule%ROWTYPE;
+    v_job  bigint := 0;
+BEGIN
+    UPDATE fairqueue.periodic_schedule
+    SET last_tick = p_tick, updated_at = clock_timestamp()
+    WHERE name = p_name AND NOT paused AND (last_tick IS NULL OR last_tick < p_tick)
+    RETURNING * INTO v_row;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF p_enqueue THEN
+        SELECT e.job_id INTO v_job
+        FROM fairqueue.enqueue(v_row.kind, v_row.args, v_row.channel, NULL, p_max_attempts, NULL,
+                               'periodic:' || p_name || ':'
+                               || to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
+                               NULL, NULL, p_priority => coalesce(p_priority, 0::smallint),
+                               p_limits => p_limits) AS e;
+        UPDATE fairqueue.periodic_schedule SET last_job_id = v_job WHERE name = p_name;
+    END IF;
+    RETURN v_job;
+END $$;
+
+REVOKE EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[], jsonb[]), fairqueue.fire_periodic(text, timestamptz, boolean, integer, smallint, text[]) FROM PUBLIC;
 DO $$
 DECLARE
-    v_grantee text;
+    v_grant record;
 BEGIN
-    FOR v_grantee IN SELECT DISTINCT grantee FROM fairqueue_v21_grants ORDER BY 1 LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[], jsonb[]) TO %s', v_grantee);
+    FOR v_grant IN SELECT DISTINCT function, grantee FROM fairqueue_v21_grants ORDER BY 1, 2 LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s',
+                       CASE v_grant.function WHEN 'enqueue_batch' THEN 'fairqueue.enqueue_batch(text, text, text, text, text[], jsonb[], text[], timestamptz[], integer[], double precision[], text[], text[], jsonb[], smallint[], jsonb, text[], jsonb[])' WHEN 'fire_periodic' THEN 'fairqueue.fire_periodic(text, timestamptz, boolean, integer, smallint, text[])' END,
+                       v_grant.grantee);
     END LOOP;
 END $$;

@@ -4,7 +4,7 @@
 SELECT fairqueue.register_periodic(%s, %s, %s, %s, %s, %s::text::jsonb, %s)
 
 -- name: fire_periodic
-SELECT fairqueue.fire_periodic(%s, %s::timestamptz, %s, %s)
+SELECT fairqueue.fire_periodic(%s, %s::timestamptz, %s, %s, %s::smallint, %s::text[])
 
 -- name: pause_periodic
 SELECT fairqueue.pause_periodic(%s, %s)

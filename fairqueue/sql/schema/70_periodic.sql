@@ -47,9 +47,12 @@ $$;
 
 -- Handles tick p_tick of a schedule, once across the fleet: only if the schedule is not paused and
 -- p_tick is later than the last tick handled. With p_enqueue it enqueues the tick's job in the same
--- transaction (unique key periodic:<name>:<tick>); without, the tick is skipped. Returns the job id,
--- 0 for a skipped tick, NULL if the tick was not this call's to handle.
-CREATE FUNCTION fairqueue.fire_periodic(p_name text, p_tick timestamptz, p_enqueue boolean, p_max_attempts integer)
+-- transaction (unique key periodic:<name>:<tick>), with the task's attempts, priority and shared
+-- limits (fq0021: before, a periodic job ran with priority 0 and none of its task's limits); without,
+-- the tick is skipped. Returns the job id, 0 for a skipped tick, NULL if the tick was not this call's
+-- to handle.
+CREATE FUNCTION fairqueue.fire_periodic(p_name text, p_tick timestamptz, p_enqueue boolean, p_max_attempts integer,
+                                        p_priority smallint DEFAULT 0, p_limits text[] DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -70,7 +73,8 @@ BEGIN
         FROM fairqueue.enqueue(v_row.kind, v_row.args, v_row.channel, NULL, p_max_attempts, NULL,
                                'periodic:' || p_name || ':'
                                || to_char(p_tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-                               NULL, NULL) AS e;
+                               NULL, NULL, p_priority => coalesce(p_priority, 0::smallint),
+                               p_limits => p_limits) AS e;
         UPDATE fairqueue.periodic_schedule SET last_job_id = v_job WHERE name = p_name;
     END IF;
     RETURN v_job;

@@ -52,6 +52,17 @@ class Periodic:
     args: dict[str, Any]
     channel: str
     missed: str
+    #: the jobs' priority and shared limits; None: the task's (a Django task's come from its backend)
+    priority: int | None = None
+    limits: list[str] | None = None
+
+    @property
+    def job_options(self) -> tuple[int, list[str] | None]:
+        """(priority, shared limits) of the tick's job."""
+        return (
+            self.task.priority if self.priority is None else self.priority,
+            self.task.limits if self.limits is None else self.limits,
+        )
 
     @property
     def definition(self) -> tuple[str, str, str, str, str, str, str]:
@@ -170,7 +181,7 @@ class PeriodicRunner:
                 try:
                     [(job_id,)] = ex.rows(
                         Q.fire_periodic,
-                        (name, tick, fire, entry.task.max_attempts, entry.task.priority, entry.task.limits),
+                        (name, tick, fire, entry.task.max_attempts, *entry.job_options),
                     )
                 except Exception as exc:
                     # the database refused the tick's job (a shared limit of the task that is not

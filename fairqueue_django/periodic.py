@@ -52,6 +52,7 @@ def _entry(name: str, spec: Any) -> Periodic:
         target = import_string(spec["TASK"])  # a dotted path from settings, i.e. the project's own code
     except ImportError as exc:
         raise ConfigurationError(f"FAIRQUEUE['PERIODIC'][{name!r}]: cannot import {spec['TASK']!r}: {exc}") from None
+    priority, limits = None, None  # a fairqueue task's own
     if isinstance(target, Task):
         task, stored = target, target.bind(*args, **kwargs)
         channel = spec.get("CHANNEL") or spec.get("QUEUE_NAME") or task.channel
@@ -73,7 +74,10 @@ def _entry(name: str, spec: Any) -> Periodic:
             raise ConfigurationError(f"FAIRQUEUE['PERIODIC'][{name!r}]: {spec['TASK']} cannot be run by a worker")
         task, stored = handler, {"args": args, "kwargs": kwargs}
         queue = spec.get("QUEUE_NAME") or target.queue_name
-        channel = spec.get("CHANNEL") or target.get_backend().channel_for(queue)
+        backend = target.get_backend()
+        channel = spec.get("CHANNEL") or backend.channel_for(queue)
+        # as backend.enqueue gives them: the task's priority, and the shared limits of OPTIONS["LIMITS"]
+        priority, limits = int(target.priority), backend.limits.get(target.module_path)
     encode_json("args", stored, limit=1 << 20, require_object=True)
     return Periodic(
         name=check_text("schedule name", name),
@@ -82,6 +86,8 @@ def _entry(name: str, spec: Any) -> Periodic:
         args=stored,
         channel=check_text("channel", channel, max_len=200),
         missed=missed,
+        priority=priority,
+        limits=limits,
     )
 
 

@@ -89,3 +89,26 @@ def test_the_limits_option_is_checked(django_url: str, value: Any, message: str)
     assert FairQueueBackend("x", {"OPTIONS": {"LIMITS": {"a.b": ["y", "x", "x"]}}}).limits == {"a.b": ["x", "y"]}
     with pytest.raises(InvalidTaskBackend, match=rf"TASKS\['x'\]\['OPTIONS'\]\['LIMITS'\]: {message}"):
         FairQueueBackend("x", {"OPTIONS": {"LIMITS": value}})
+
+
+def test_a_scheduled_django_task_has_its_priority_and_limits(dj: psycopg.Connection[Any], tasks: Any) -> None:
+    from datetime import timedelta
+
+    from django.test.utils import override_settings
+
+    from fairqueue.periodic import PeriodicRunner
+    from fairqueue_django.periodic import from_settings
+
+    fairqueue.configure_limit(dj, "stripe-api", max_concurrency=1)
+    spec = {"TASK": "tests.django_tasks.background_add", "CRON": "*/5 * * * *", "KWARGS": {"a": 2}}
+    schedules = {"DATABASE": "default", "DEFAULT_CHANNEL": "web", "PERIODIC": {"every-five": spec}}
+    with _limited({"tests.django_tasks.background_add": ["stripe-api"]}), override_settings(FAIRQUEUE=schedules):
+        [entry] = from_settings()
+    assert entry.job_options == (-30, ["stripe-api"])  # the task's priority, the backend's LIMITS
+    run = PeriodicRunner(lambda: [entry])
+    [(now,)] = dj.execute("SELECT clock_timestamp()").fetchall()
+    run.tick(dj, now=now)
+    run.tick(dj, now=entry.schedule.next_after(now) + timedelta(seconds=1))
+    assert dj.execute("SELECT kind, priority, limits FROM fairqueue.job").fetchall() == [
+        ("tests.django_tasks.background_add", -30, ["stripe-api"])
+    ]

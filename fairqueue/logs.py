@@ -111,7 +111,22 @@ class TextFormatter(logging.Formatter):
 
 
 class _FairqueueHandler(logging.StreamHandler[IO[str]]):
-    """Marks the handler :func:`configure_logging` installed, so a second call replaces it."""
+    """Marks the handler :func:`configure_logging` installed, so a second call replaces it. Without a
+    stream of its own it writes to the ``sys.stderr`` of the moment of each record, as logging's
+    last-resort handler does, never to a stream that was stderr once and may be closed since (a
+    worker thread logging after whoever replaced stderr, a test's capture, is done with it)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        logging.Handler.__init__(self)  # what StreamHandler.__init__ does, but for the stream
+        self._own_stream = stream
+
+    @property
+    def stream(self) -> IO[str]:
+        return self._own_stream if self._own_stream is not None else sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:  # StreamHandler.__init__ and setStream
+        self._own_stream = value if value is not sys.stderr else None
 
 
 class _ApplicationHandler(_FairqueueHandler):
@@ -158,7 +173,7 @@ def configure_logging(fmt: str = "text", level: str | int = "INFO", stream: IO[s
     """
     numeric_level = _checked(fmt, level)
     logger = logging.getLogger(LOGGER_NAME)
-    _install(logger, _FairqueueHandler(stream if stream is not None else sys.stderr), fmt, numeric_level)
+    _install(logger, _FairqueueHandler(stream), fmt, numeric_level)
     # records already written here must not be printed a second time by a root handler
     logger.propagate = False
 
@@ -179,5 +194,5 @@ def log_the_application(fmt: str = "text", level: str | int = "INFO", stream: IO
     root = logging.getLogger()
     if any(not isinstance(h, _ApplicationHandler) for h in root.handlers):
         return False  # configured by the application: not ours to change
-    _install(root, _ApplicationHandler(stream if stream is not None else sys.stderr), fmt, numeric_level)
+    _install(root, _ApplicationHandler(stream), fmt, numeric_level)
     return True

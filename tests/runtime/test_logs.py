@@ -307,3 +307,21 @@ def test_log_the_application_checks_its_arguments() -> None:
         with pytest.raises(ConfigurationError, match="invalid log level"):
             log_the_application("text", "LOUD")
         assert root.handlers == []
+
+
+def test_without_a_stream_records_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker thread may log after whoever replaced stderr when logging was set up (a test's capture,
+    an embedding application) has closed that stream: the record goes to the current stderr, not to
+    the closed one (where logging would print "--- Logging error ---")."""
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging("text")
+    first.close()
+    monkeypatch.setattr("sys.stderr", second)
+    monkeypatch.setattr(logging, "raiseExceptions", True)
+    logging.getLogger("fairqueue.worker").warning("job did not succeed")
+    assert "job did not succeed" in second.getvalue() and "Logging error" not in second.getvalue()
+    explicit = io.StringIO()
+    configure_logging("text", stream=explicit)  # a stream given is kept
+    logging.getLogger("fairqueue.worker").warning("to the stream given")
+    assert "to the stream given" in explicit.getvalue() and "to the stream given" not in second.getvalue()

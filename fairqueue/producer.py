@@ -112,6 +112,11 @@ def _dependencies_exist(ids: set[int]) -> Steps[None]:
         raise InvalidJobError(f"after refers to job ids that do not exist: {missing}")
 
 
+def _unconfigured_limit(name: str, where: str = "") -> InvalidJobError:
+    """The error for a shared limit name that is not configured (the enqueue functions' words)."""
+    return InvalidJobError(f"{where}shared limit {name!r} is not configured (see fairqueue.configure_limit)")
+
+
 def _limits_exist(jobs: list[_Checked], *, numbered: bool, start: int = 0) -> Steps[None]:
     """Refuses a shared limit name that is not configured, before anything is written (one read, only
     when some job has limits); the enqueue functions would refuse it too, but by aborting the caller's
@@ -123,10 +128,7 @@ def _limits_exist(jobs: list[_Checked], *, numbered: bool, start: int = 0) -> St
     for i, job in enumerate(jobs, start):
         missing = [name for name in job.limits or () if name not in found]
         if missing:
-            where = f"job #{i}: " if numbered else ""
-            raise InvalidJobError(
-                f"{where}shared limit {missing[0]!r} is not configured (see fairqueue.configure_limit)"
-            )
+            raise _unconfigured_limit(missing[0], f"job #{i}: " if numbered else "")
 
 
 def _check_dependencies_exist(ex: Executor, ids: set[int]) -> None:

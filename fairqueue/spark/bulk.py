@@ -40,6 +40,7 @@ from fairqueue import bulk
 from fairqueue.bulk import BulkEnqueueError
 from fairqueue.config import settings
 from fairqueue.errors import ConfigurationError, InvalidJobError
+from fairqueue.producer import _unconfigured_limit
 from fairqueue.sql import Q
 from fairqueue.tracing import trace_context
 from fairqueue.urls import redact, resolve
@@ -378,7 +379,7 @@ def _check_database(url: str, limits: list[str] | None = None) -> None:
         raise ConfigurationError("this database role may not bulk enqueue: grant it (fairqueue grant producer ROLE)")
     for name in limits or ():
         if name not in known:
-            raise InvalidJobError(f"shared limit {name!r} is not configured (see fairqueue.configure_limit)")
+            raise _unconfigured_limit(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,12 @@ from psycopg import sql
 from fairqueue.spark.archive.params import ArchiveError, log
 from fairqueue.sql import Q
 
-LOCK_KEY = (1718681601, 5)  # pg_try_advisory_lock: one archive run per database
+# pg_try_advisory_lock: one archive run per database, in an advisory class of its own (docs/design.md lists them)
+LOCK_KEY = (1718681608, 0)
+# The key older versions took: (1718681601, 5) is also the channel lock of every channel whose name hashes to 5,
+# which producers take shared, so a producer of such a channel waited for a whole archive run, and a run was
+# refused while one enqueued. A run still checks that no archive of an older version holds it (see lock_run).
+_LEGACY_LOCK_KEY = (1718681601, 5)
 _PARTITION = re.compile(r"completed_job_p(\d{8})")
 _FILE_TAG = "part-a{archive_id}-"  # prefix of the archive files copied from the partition with this archive id
 _ARCHIVE_ID = re.compile(r"fairqueue-archive-id:([0-9a-f]{32})")  # in the partition's comment
@@ -33,13 +38,22 @@ def history_table(table: str) -> sql.Identifier:
 
 def lock_run(conn: psycopg.Connection[Any], age: timedelta) -> datetime:
     """Takes the database's archive lock (session-level: held until ``conn`` closes) and returns the cutoff,
-    ``now() - age``; :class:`ArchiveError` when another archive run holds the lock."""
+    ``now() - age``; :class:`ArchiveError` when another archive run holds the lock, or holds the lock that older
+    versions took (checked after this run's lock is taken, so that a run of this version starting meanwhile
+    waits for this one)."""
     row = conn.execute(Q.archive_lock, (age, *LOCK_KEY)).fetchone()
     assert row is not None
     cutoff: datetime
     cutoff, locked = row
     if not locked:
         raise ArchiveError("another fairqueue archive is running on this database; try again when it is done")
+    legacy = conn.execute(Q.archive_legacy_run, _LEGACY_LOCK_KEY).fetchone()
+    if legacy is not None and legacy[0]:
+        unlock_run(conn)
+        raise ArchiveError(
+            "another fairqueue archive is running on this database (an older fairqueue version's, which holds"
+            f" advisory lock {_LEGACY_LOCK_KEY}); try again when it is done"
+        )
     return cutoff
 
 

@@ -6,6 +6,17 @@
 -- The cutoff, and whether this run is the database's one archive run (session-level lock).
 SELECT now() - %s::interval, pg_try_advisory_lock(%s, %s)
 
+-- name: archive_legacy_run
+-- Whether another session holds the archive lock that older versions took (session-level,
+-- exclusive, on (1718681601, 5), a key in the class of the producers' channel locks): an archive run
+-- of an older version, still working.
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.classid = %s::oid AND l.objid = %s::oid AND l.objsubid = 2
+      AND l.mode = 'ExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+
 -- name: archive_unlock
 -- Releases the run's lock while its connection is still open (see lock_run).
 SELECT pg_advisory_unlock(%s, %s)

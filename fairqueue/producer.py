@@ -509,7 +509,9 @@ def _configure_limit(name: object, max_concurrency: object, rate_limit: object, 
     try:
         limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst)
     except InvalidChannelConfigError as exc:
-        raise InvalidChannelConfigError(str(exc).replace("channel name", "limit name")) from None
+        # (a limit cannot be paused: the channel's hint does not apply)
+        message = str(exc).replace("channel name", "limit name").replace("; use paused=True to stop a channel", "")
+        raise InvalidChannelConfigError(message) from None
     rate_text: str | None = None
     per_second: float | None = None
     if rate_limit is not None:

@@ -320,6 +320,16 @@ def test_bad_limit_settings_are_refused(conn: psycopg.Connection[Any], settings:
     assert conn.execute("SELECT count(*) FROM fairqueue.shared_limit").fetchone() == (0,)
 
 
+def test_a_bad_cap_of_a_limit_gets_no_hint_about_pausing_channels(conn: psycopg.Connection[Any]) -> None:
+    """A channel's cap of 0 is refused with a hint to pause the channel instead; a shared limit has no
+    paused setting, so its message stops at the rule."""
+    with pytest.raises(InvalidChannelConfigError) as refused:
+        fairqueue.configure_limit(conn, "api", max_concurrency=0)
+    assert str(refused.value) == "max_concurrency must be a whole number of at least 1 (or None for no cap), got 0"
+    with pytest.raises(InvalidChannelConfigError, match="use paused=True to stop a channel"):
+        fairqueue.configure_channel(conn, "acme", max_concurrency=0)
+
+
 def test_a_job_that_waited_for_one_limit_takes_its_other_limits_slot_when_it_goes(
     conn: psycopg.Connection[Any], worker: int
 ) -> None:

@@ -383,7 +383,9 @@ def render_channels(channels: Sequence[dict[str, Any]], totals: dict[str, int] |
         out.append(line)
         keys = channel.get("fair_keys")
         if keys and keys["busiest"]:
-            out.append(f"  keys: {describe_keys(keys)}")
+            cap = channel.get("key_max_concurrency")
+            capped = "" if cap is None else f"; at most {cap} running per key"
+            out.append(f"  keys: {describe_keys(keys)}{capped}")
     return out + lines[1 + len(channels) :]
 
 

@@ -511,6 +511,22 @@ def test_status_shows_the_shared_limits_and_counts_the_jobs_in_their_lines(
     ]
 
 
+def test_status_shows_a_channels_cap_per_key_beside_its_keys(
+    cli: Run, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_channel(conn, "acme", key_max_concurrency=2)
+    for key in ("user-1", "user-1", "user-1", "user-2"):
+        fairqueue.enqueue(conn, "k", channel="acme", fair_key=key)
+    assert len(fairqueue.claim_batch(conn, worker, 10)) == 3  # two of user-1 (its cap), one of user-2
+    code, out, err = cli("status")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    acme = next(i for i, line in enumerate(lines) if line.startswith("acme "))
+    assert lines[acme + 1] == (
+        "  keys: user-1 (ready 1, running 2), user-2 (ready 0, running 1); at most 2 running per key"
+    )
+
+
 def test_status_shows_each_channels_busiest_fair_keys(cli: Run, conn: psycopg.Connection[Any], worker: int) -> None:
     fairqueue.enqueue(conn, "k", channel="solo", fair_key="only")
     [claimed] = fairqueue.claim_batch(conn, worker, 1)

@@ -5,7 +5,14 @@ channel's concurrency cap, rate limit and weight. See README.md and docs/.
 """
 
 from fairqueue.bulk import BatchResult, BulkEnqueueError, abulk_enqueue, bulk_enqueue
-from fairqueue.channels import ChannelSettings, aupdate_channel, update_channel
+from fairqueue.channels import (
+    ChannelSettings,
+    LimitSettings,
+    aupdate_channel,
+    aupdate_limit,
+    update_channel,
+    update_limit,
+)
 from fairqueue.config import settings
 from fairqueue.consumer import (
     ClaimedJob,
@@ -70,6 +77,7 @@ __all__ = [
     "JobInfo",
     "JobSpec",
     "JobTimeout",
+    "LimitSettings",
     "Outcome",
     "Task",
     "UnknownWorkerError",
@@ -84,6 +92,7 @@ __all__ = [
     "aget_job",
     "aretry",
     "aupdate_channel",
+    "aupdate_limit",
     "bulk_enqueue",
     "cancel",
     "claim_batch",
@@ -108,4 +117,5 @@ __all__ = [
     "settings",
     "task",
     "update_channel",
+    "update_limit",
 ]

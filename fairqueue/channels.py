@@ -1,9 +1,11 @@
-"""Changing some of a channel's settings, keeping the others: :func:`update_channel`.
+"""Changing some of a channel's settings, keeping the others: :func:`update_channel`; and the same for a
+shared limit: :func:`update_limit`.
 
 :func:`fairqueue.configure_channel` sets every setting at once (what it is not given returns to its
 default). Operators usually mean to change one thing, e.g. pause a channel, and keep its cap and rate
 limit; ``fairqueue channels set`` and the Django admin's channel page and pause/resume actions do
-that through :func:`update_channel`.
+that through :func:`update_channel`. :func:`fairqueue.configure_limit` also sets every setting of a
+shared limit; the Django admin's shared limit page changes some with :func:`update_limit`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,25 @@ from typing import Final, Literal
 
 from fairqueue._db import Steps, arun, run
 from fairqueue.errors import InvalidChannelConfigError
-from fairqueue.producer import _configure_channel
+from fairqueue.producer import _configure_channel, _configure_limit
 from fairqueue.sql import Q
-from fairqueue.validation import check_channel_settings, check_key_max_concurrency, parse_rate_limit
+from fairqueue.validation import (
+    check_channel_settings,
+    check_key_max_concurrency,
+    check_limit_settings,
+    parse_rate_limit,
+)
 
-__all__ = ["UNCHANGED", "ChannelSettings", "aupdate_channel", "burst_number", "update_channel"]
+__all__ = [
+    "UNCHANGED",
+    "ChannelSettings",
+    "LimitSettings",
+    "aupdate_channel",
+    "aupdate_limit",
+    "burst_number",
+    "update_channel",
+    "update_limit",
+]
 
 
 class _Unchanged(enum.Enum):
@@ -178,4 +194,92 @@ def _update_channel(
         settings.burst,
         settings.key_max_concurrency,
     )
+    return settings
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """A shared limit's settings, as :func:`update_limit` left them."""
+
+    name: str
+    max_concurrency: int | None  # None: no cap
+    rate_limit: str | None  # normalised, e.g. "10/s"; None: no rate limit
+    burst: int | float  # 1 without a rate limit; a whole number as an int (see burst_number)
+
+
+#: A shared limit nobody configured: no row yet, these settings.
+_LIMIT_DEFAULTS = (None, None, 1)
+
+
+def update_limit(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | Unchanged | None = UNCHANGED,
+    rate_limit: str | Unchanged | None = UNCHANGED,
+    burst: float | Unchanged = UNCHANGED,
+) -> LimitSettings:
+    """Changes the settings of a shared limit it is given and keeps the others; returns the limit's settings
+    after it. :func:`update_channel` for a shared limit, with the same rules.
+
+    Only the keyword arguments passed change; ``None`` removes (``max_concurrency=None`` the cap,
+    ``rate_limit=None`` the rate limit and its burst). A limit that does not exist yet is created from the
+    defaults (no cap, no rate limit); with nothing to change, nothing is written. The values mean what
+    :func:`fairqueue.configure_limit`'s mean and are checked the same way, before the database is touched:
+    a bad one raises :class:`InvalidChannelConfigError` and nothing is written.
+
+    Runs in the caller's transaction (``db`` as for :func:`fairqueue.enqueue`): it takes the limit name's
+    settings lock (which configure_limit takes too, schema fq0022), reads the settings and writes them all
+    with configure_limit, so edits of one limit queue up and none writes back a setting another changed
+    meanwhile; keep the transaction short. The ``admin`` level of ``fairqueue grant`` is enough.
+    """
+    return run(db, _update_limit(name, max_concurrency, rate_limit, burst), "update_limit")
+
+
+async def aupdate_limit(
+    db: object,
+    name: str,
+    *,
+    max_concurrency: int | Unchanged | None = UNCHANGED,
+    rate_limit: str | Unchanged | None = UNCHANGED,
+    burst: float | Unchanged = UNCHANGED,
+) -> LimitSettings:
+    """:func:`update_limit` for async code (``db`` as for :func:`fairqueue.aenqueue`)."""
+    return await arun(db, _update_limit(name, max_concurrency, rate_limit, burst), "aupdate_limit")
+
+
+def _update_limit(
+    name: str,
+    max_concurrency: int | Unchanged | None,
+    rate_limit: str | Unchanged | None,
+    burst: float | Unchanged,
+) -> Steps[LimitSettings]:
+    # the checks of configure_limit, on what was given (placeholders stand for the rest)
+    limit, *_ = check_limit_settings(
+        name,
+        None if max_concurrency is UNCHANGED else max_concurrency,
+        "1/s" if rate_limit is UNCHANGED or rate_limit is None else rate_limit,
+        1 if burst is UNCHANGED else burst,
+    )
+    rate_text = None if rate_limit is None or rate_limit is UNCHANGED else parse_rate_limit(rate_limit)[0]
+    if rate_limit is None and burst is not UNCHANGED and burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+
+    if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst)):
+        [(cap, rate, rate_burst)] = (yield Q.limit_settings, (limit,)) or [_LIMIT_DEFAULTS]
+        return LimitSettings(limit, cap, rate, burst_number(rate_burst))
+    yield Q.limit_edit_lock, (limit,)
+    [(cap, rate, rate_burst)] = (yield Q.limit_settings, (limit,)) or [_LIMIT_DEFAULTS]
+    if max_concurrency is not UNCHANGED:
+        cap = max_concurrency
+    if rate_limit is not UNCHANGED:
+        rate = rate_text
+    if burst is not UNCHANGED:
+        rate_burst = burst
+    elif rate is None:
+        rate_burst = 1  # the rate limit is gone (or never was): so is its burst
+    if rate is None and rate_burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    settings = LimitSettings(name=limit, max_concurrency=cap, rate_limit=rate, burst=burst_number(rate_burst))
+    yield from _configure_limit(limit, settings.max_concurrency, settings.rate_limit, settings.burst)
     return settings

@@ -18,6 +18,7 @@ from fairqueue.validation import (
     check_after,
     check_channel_settings,
     check_key_max_concurrency,
+    check_limit_settings,
     check_limits,
     check_max_attempts,
     check_name,
@@ -505,17 +506,5 @@ async def aconfigure_limit(
 
 
 def _configure_limit(name: object, max_concurrency: object, rate_limit: object, burst: object) -> Steps[None]:
-    # the channel settings' checks, with the limit's name in the messages
-    try:
-        limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst)
-    except InvalidChannelConfigError as exc:
-        # (a limit cannot be paused: the channel's hint does not apply)
-        message = str(exc).replace("channel name", "limit name").replace("; use paused=True to stop a channel", "")
-        raise InvalidChannelConfigError(message) from None
-    rate_text: str | None = None
-    per_second: float | None = None
-    if rate_limit is not None:
-        rate_text, per_second = parse_rate_limit(rate_limit)
-    elif burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    limit, cap, rate_text, per_second, burst_ = check_limit_settings(name, max_concurrency, rate_limit, burst)
     yield Q.configure_limit, (limit, cap, rate_text, per_second, burst_)

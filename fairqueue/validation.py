@@ -286,6 +286,27 @@ def check_channel_settings(
     return channel, max_concurrency, weight, paused, float(burst)  # type: ignore[return-value]
 
 
+def check_limit_settings(
+    name: object, max_concurrency: object, rate_limit: object, burst: object
+) -> tuple[str, int | None, str | None, float | None, float]:
+    """A shared limit's settings, checked as a channel's are (with the limit's name in the messages):
+    its name, cap, rate limit as written and per second (None without one), and burst. A burst other than
+    1 needs a rate limit. Raises :class:`InvalidChannelConfigError`."""
+    try:
+        limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst)
+    except InvalidChannelConfigError as exc:
+        # (a limit cannot be paused: the channel's hint does not apply)
+        message = str(exc).replace("channel name", "limit name").replace("; use paused=True to stop a channel", "")
+        raise InvalidChannelConfigError(message) from None
+    rate_text: str | None = None
+    per_second: float | None = None
+    if rate_limit is not None:
+        rate_text, per_second = parse_rate_limit(rate_limit)
+    elif burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    return limit, cap, rate_text, per_second, burst_
+
+
 #: How many shared limits one job may declare.
 MAX_LIMITS_PER_JOB = 8
 

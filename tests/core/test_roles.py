@@ -148,6 +148,23 @@ def test_an_admin_can_change_some_channel_settings_without_writing_any_table(
     assert denied(url, "UPDATE fairqueue.channel SET paused = false")
 
 
+def test_an_admin_can_change_some_shared_limit_settings_without_writing_any_table(
+    conn: psycopg.Connection[Any], role: Callable[[str], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """update_limit, like update_channel, reads the settings under an advisory lock (fq0022), not a row lock."""
+    url = role("admin")
+    fairqueue.configure_limit(conn, "api", rate_limit="10/s", burst=2)
+    with psycopg.connect(url) as admin:
+        settings = fairqueue.update_limit(admin, "api", max_concurrency=3)
+    assert settings == fairqueue.LimitSettings("api", 3, "10/s", 2)
+    assert conn.execute("SELECT max_concurrency, rate_limit, rate_burst FROM fairqueue.shared_limit").fetchone() == (
+        3,
+        "10/s",
+        2.0,
+    )
+    assert denied(url, "SELECT name FROM fairqueue.shared_limit FOR NO KEY UPDATE")
+
+
 def test_a_role_without_grants_cannot_use_the_queue(role: Callable[[str], str]) -> None:
     url = role("nothing")
     assert denied(url, "SELECT * FROM fairqueue.enqueue('k', '{}', 'default', NULL, 3, NULL, NULL, NULL, NULL)")
@@ -302,6 +319,7 @@ ACTIONS: list[tuple[str, str, Callable[[str, Scene], None]]] = [
     ("api update_channel", "admin", _api(lambda c, s: fairqueue.update_channel(c, s.channel, paused=True))),
     ("api pause a schedule", "admin", _api(lambda c, s: pause_periodic(c, s.schedule))),
     ("api configure_limit", "admin", _api(lambda c, s: fairqueue.configure_limit(c, "api", max_concurrency=2))),
+    ("api update_limit", "admin", _api(lambda c, s: fairqueue.update_limit(c, "api", max_concurrency=3))),
     ("cli cancel", "admin", _cli("cancel", "{s.ready}")),
     ("cli retry", "admin", _cli("retry", "{s.failed}")),
     ("cli channels set", "admin", _cli("channels", "set", "{s.channel}", "--rate-limit", "5/s", "--burst", "2")),

@@ -16,3 +16,13 @@ SELECT pg_advisory_xact_lock(1718681603, hashtext(%s))
 -- edit's transaction ends.
 SELECT max_concurrency, rate_limit, rate_burst, weight, paused, key_max_concurrency
 FROM fairqueue.channel WHERE name = %s
+
+-- name: limit_edit_lock
+-- The settings lock of one shared limit name: advisory key class 1718681609, which configure_limit takes
+-- too (schema/37_shared_limits.sql, since fq0022). Held until the edit's transaction ends, so edits of one
+-- limit queue up and each reads what the previous one committed; no privilege on the table needed.
+SELECT pg_advisory_xact_lock(1718681609, hashtext(%s))
+
+-- name: limit_settings
+-- A shared limit's settings (no row: not configured yet). Read under limit_edit_lock.
+SELECT max_concurrency, rate_limit, rate_burst FROM fairqueue.shared_limit WHERE name = %s

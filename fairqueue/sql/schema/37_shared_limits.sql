@@ -21,7 +21,10 @@
 
 -- Sets every setting of a shared limit, creating it if needed (fairqueue.configure_limit checks the
 -- values first; the table's constraints are the last line). New settings may free slots: the next
--- intake looks.
+-- intake looks. It takes the limit name's settings lock (advisory class 1718681609) until its
+-- transaction ends, as fairqueue.update_limit does before it reads the settings it keeps: edits of one
+-- limit queue up, and none writes back settings another changed meanwhile (an advisory lock needs no
+-- privilege on the table, where a row lock would need UPDATE).
 CREATE FUNCTION fairqueue.configure_limit(
     p_name             text,
     p_max_concurrency  integer DEFAULT NULL,
@@ -38,6 +41,7 @@ BEGIN
     IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
         PERFORM fairqueue._refuse_control_characters(ARRAY['limit'], ARRAY[p_name]);
     END IF;
+    PERFORM pg_advisory_xact_lock(1718681609, hashtext(p_name));
     INSERT INTO fairqueue.shared_limit AS l (name, max_concurrency, rate_limit, rate_per_second, rate_burst, tokens,
                                              tokens_at)
     VALUES (p_name, p_max_concurrency, p_rate_limit, p_rate_per_second, coalesce(p_rate_burst, 1),

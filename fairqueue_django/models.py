@@ -422,7 +422,7 @@ class SharedLimitQuerySet(models.QuerySet):
 
 class SharedLimit(ReadOnlyModel):
     """A resource that jobs of every channel use (an external API, a mail relay): a cap and a rate limit
-    across every worker. Change it with :func:`fairqueue.configure_limit`."""
+    across every worker. Change it with :func:`fairqueue.configure_limit` (or the admin's form)."""
 
     name = models.TextField(primary_key=True)
     max_concurrency = models.IntegerField(null=True)
@@ -440,7 +440,7 @@ class SharedLimit(ReadOnlyModel):
     class Meta:
         managed = False
         db_table = _table("shared_limit")
-        default_permissions = ("view",)
+        default_permissions = ("view", "change")
         verbose_name = "shared limit"
 
     def __str__(self) -> str:

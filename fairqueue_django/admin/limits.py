@@ -1,35 +1,133 @@
-"""Shared limits: each one's settings, the jobs holding its slots and the jobs in its line (read-only;
-change a limit with fairqueue.configure_limit)."""
+"""Shared limits: each one's settings, the jobs holding its slots and the jobs in its line, and the form
+that changes some of its settings (fairqueue.update_limit: the settings the user left as they are keep
+their current values, even if someone changed them while the page was open)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.db import connections, transaction
 from django.http import HttpRequest
 
+import fairqueue
 from fairqueue.channels import burst_number
+from fairqueue.errors import InvalidChannelConfigError
+from fairqueue.validation import check_limit_settings, parse_rate_limit
+from fairqueue_django import conf
 from fairqueue_django.admin.base import EMPTY, QueueAdmin, shown, time_field
+from fairqueue_django.admin.channels import BurstField
 from fairqueue_django.models import SharedLimit
 
 NAME = shown("name")
+SETTINGS = ("max_concurrency", "rate_limit", "rate_burst")
+
+
+def edit_limit(name: str, **changes: Any) -> dict[str, Any]:
+    """Changes some of a shared limit's settings (named as in SETTINGS), keeping the others: fairqueue.update_limit
+    in a transaction of fairqueue's database. Returns the settings written."""
+    unknown = set(changes) - set(SETTINGS)
+    if unknown:
+        raise TypeError(f"unknown shared limit settings: {sorted(unknown)}")
+    alias = conf.get().database
+    given = {"burst" if key == "rate_burst" else key: value for key, value in changes.items()}
+    with transaction.atomic(using=alias):
+        result = fairqueue.update_limit(connections[alias], name, **given)
+    return {"max_concurrency": result.max_concurrency, "rate_limit": result.rate_limit, "rate_burst": result.burst}
+
+
+class SharedLimitForm(forms.ModelForm):
+    """The settings configure_limit takes. Each field carries the value it had when the page was drawn
+    (show_hidden_initial), so saving writes only what the user changed."""
+
+    max_concurrency = forms.IntegerField(
+        required=False,
+        show_hidden_initial=True,
+        help_text="Jobs holding this limit at once, across all workers and channels (a job holds it from "
+        "the moment it is ready until it ends). Empty: no cap.",
+    )
+    rate_limit = forms.CharField(
+        required=False,
+        show_hidden_initial=True,
+        help_text="Jobs let through per period across all workers, e.g. 100/s, 600/m or 3/10s. Empty: no limit.",
+    )
+    rate_burst = BurstField(
+        label="Burst",
+        show_hidden_initial=True,
+        help_text="How many may go back to back after a quiet spell (with a rate limit; 1 spaces them evenly).",
+    )
+
+    class Meta:
+        model = SharedLimit
+        fields = SETTINGS
+
+    def clean_rate_limit(self) -> str | None:
+        text = (self.cleaned_data.get("rate_limit") or "").strip()
+        if not text:
+            return None
+        try:
+            parse_rate_limit(text)
+        except InvalidChannelConfigError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return text
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if any(name in self.errors for name in SETTINGS):
+            return data
+        if data["rate_limit"] is None and data["rate_burst"] != 1 and "rate_burst" not in self.changed_data:
+            data["rate_burst"] = 1.0  # the rate limit was removed: its burst goes with it
+        try:
+            check_limit_settings(self.instance.name, data["max_concurrency"], data["rate_limit"], data["rate_burst"])
+        except InvalidChannelConfigError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+#: what the limit's page shows of its state (read only)
+STATE_FIELDS = ("holding_now", "waiting_now", "created")
 
 
 @admin.register(SharedLimit)
 class SharedLimitAdmin(QueueAdmin):
+    form = SharedLimitForm
     list_display = (NAME, "cap", "rate", "burst", "holding_now", "waiting_now")
     search_fields = ("name",)
     ordering = ("name",)
-    fields = (NAME, "cap", "rate", "burst", "holding_now", "waiting_now", "created")
-    readonly_fields = fields
+    fieldsets = (
+        (None, {"fields": (NAME,)}),
+        (
+            "Settings",
+            {
+                "fields": SETTINGS,
+                "description": "Saved with fairqueue.update_limit. Settings you leave as they are keep "
+                "their current values, even if someone changes them while this page is open. A higher cap "
+                "or a faster rate hands its slots to the jobs in the line at the next claim.",
+            },
+        ),
+        ("State", {"fields": STATE_FIELDS}),
+    )
+    readonly_fields = (NAME, *STATE_FIELDS)
 
     created = time_field("created_at", "created")
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).with_counts()
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    def save_model(self, request: HttpRequest, obj: SharedLimit, form: Any, change: bool) -> None:
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in SETTINGS}
+        if not changes:
+            return
+        try:
+            edit_limit(obj.name, **changes)
+        except InvalidChannelConfigError:
+            if "rate_burst" not in changes or "rate_limit" in changes:
+                raise
+            # the form checked the burst against the rate limit on the page; someone removed that rate
+            # limit meanwhile, and its burst goes with it
+            del changes["rate_burst"]
+            edit_limit(obj.name, **changes)
 
     @admin.display(description="cap", ordering="max_concurrency")
     def cap(self, obj: SharedLimit) -> Any:

@@ -1451,6 +1451,13 @@ def test_an_admin_role_can_use_every_page_and_action(queue_as: Callable[[str], t
     url = f"{ADMIN}/channel/tenant-a/change/"
     response = client.post(url, _form_data(client.get(url).context["adminform"].form, max_concurrency=7), follow=True)
     assert any("was changed successfully" in m for m in _messages(response))
+    # a shared limit's page saves through update_limit: an advisory lock, no table written
+    fairqueue.configure_limit(q.owner, "mailer", max_concurrency=5, rate_limit="10/s")
+    url = f"{ADMIN}/sharedlimit/mailer/change/"
+    form = client.get(url).context["adminform"].form
+    response = client.post(url, _limit_form_data(form, max_concurrency=9), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _limit(q.owner, "mailer") == (9, "10/s", 1.0)
     client.post(f"{ADMIN}/periodicschedule/", {"action": "pause_schedules", "_selected_action": ["nightly"]})
     assert q.ready not in _live(q.owner) and q.failed in _live(q.owner)
     assert _channel(q.owner, "tenant-a") == (7, "10/s", 3.0, 2, True)
@@ -1502,6 +1509,111 @@ def test_shared_limits_list_their_settings_holders_and_line(login: MakeClient, d
     assert statuses[running.id] == "running"
     assert sorted(i for i in ids if statuses[i] == "waiting") == sorted(set(ids) - {running.id})
     assert set(_statuses(client, "?status=waiting")) == set(ids) - {running.id}
-    # nothing to add, change or delete
+    # nothing to add or delete (the settings are changed on the limit's page: below)
     assert client.post(f"{ADMIN}/sharedlimit/add/").status_code == 403
     assert client.post(f"{ADMIN}/sharedlimit/stripe-api/delete/").status_code == 403
+
+
+LIMIT_SETTINGS = ("max_concurrency", "rate_limit", "rate_burst")
+
+
+def _limit(dj: psycopg.Connection[Any], name: str) -> tuple[Any, ...]:
+    row = dj.execute(
+        "SELECT max_concurrency, rate_limit, rate_burst FROM fairqueue.shared_limit WHERE name = %s", (name,)
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _limit_form_data(form: Any, **changes: Any) -> dict[str, str]:
+    """What the browser sends for a shared limit's page: each field, and its value when the page was drawn."""
+    data = {"_save": "Save"}
+    for name in LIMIT_SETTINGS:
+        initial = form.initial.get(name)
+        data[f"initial-{name}"] = "" if initial is None else str(initial)
+        value = changes.get(name, initial)
+        data[name] = "" if value is None else str(value)
+    return data
+
+
+def test_a_shared_limits_settings_are_changed_on_its_page(login: MakeClient, dj: psycopg.Connection[Any]) -> None:
+    worker = fairqueue.register_worker(dj, "worker-1", lease_seconds=300)
+    fairqueue.configure_limit(dj, "stripe-api", max_concurrency=1)
+    for _ in range(4):
+        fairqueue_django.enqueue("billing.charge", {}, channel="tenant-a", limits=["stripe-api"])
+    assert len(fairqueue.claim_batch(dj, worker, 10)) == 1  # one slot: three jobs wait in the line
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/sharedlimit/stripe-api/change/"
+    page = client.get(url)
+    assert 'name="max_concurrency" value="1"' in _text(page)
+    response = client.post(url, _limit_form_data(page.context["adminform"].form, max_concurrency=3), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _limit(dj, "stripe-api") == (3, None, 1.0)
+    assert len(fairqueue.claim_batch(dj, worker, 10)) == 2  # the two new slots go to the line at once
+    # a rate limit with a burst, then no rate limit: the burst goes back to 1
+    form = client.get(url).context["adminform"].form
+    client.post(url, _limit_form_data(form, rate_limit="10/s", rate_burst=2))
+    assert _limit(dj, "stripe-api") == (3, "10/s", 2.0)
+    form = client.get(url).context["adminform"].form
+    assert form.fields["rate_burst"].prepare_value(form.initial["rate_burst"]) == 2
+    client.post(url, _limit_form_data(form, rate_limit=None, max_concurrency=None))
+    assert _limit(dj, "stripe-api") == (None, None, 1.0)
+
+
+def test_saving_an_old_limit_page_keeps_what_was_changed_meanwhile(
+    login: MakeClient, dj: psycopg.Connection[Any]
+) -> None:
+    fairqueue.configure_limit(dj, "mailer", max_concurrency=5, rate_limit="10/s", burst=3)
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/sharedlimit/mailer/change/"
+    old_page = client.get(url).context["adminform"].form
+    fairqueue.configure_limit(dj, "mailer", max_concurrency=5, rate_limit="20/s", burst=3)  # elsewhere
+    client.post(url, _limit_form_data(old_page, max_concurrency=8))  # the rate is as it was drawn: untouched
+    assert _limit(dj, "mailer") == (8, "20/s", 3.0)
+    # a burst saved for a rate limit that was removed meanwhile: the removal stays
+    old_page = client.get(url).context["adminform"].form
+    fairqueue.configure_limit(dj, "mailer", max_concurrency=8)
+    response = client.post(url, _limit_form_data(old_page, rate_burst=6), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _limit(dj, "mailer") == (8, None, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"rate_limit": "fast"}, "rate_limit", "is not understood"),
+        (
+            {"max_concurrency": 0},
+            None,
+            "max_concurrency must be a whole number of at least 1 (or None for no cap), got 0",
+        ),
+        ({"rate_burst": 0.5}, None, "burst must be a number of at least 1"),
+        ({"rate_limit": None, "rate_burst": 4}, None, "burst only applies together with a rate_limit"),
+    ],
+)
+def test_bad_limit_settings_are_form_errors_and_change_nothing(
+    login: MakeClient, dj: psycopg.Connection[Any], changes: dict[str, Any], field: str | None, message: str
+) -> None:
+    fairqueue.configure_limit(dj, "mailer", max_concurrency=5, rate_limit="10/s", burst=3)
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/sharedlimit/mailer/change/"
+    response = client.post(url, _limit_form_data(client.get(url).context["adminform"].form, **changes))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors.get(field or "__all__", [])
+    assert any(message in e for e in errors), errors
+    assert not any("paused" in e for e in errors)  # a limit has no pause
+    assert _limit(dj, "mailer") == (5, "10/s", 3.0)
+
+
+def test_changing_a_shared_limit_needs_its_permission(login: MakeClient, dj: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_limit(dj, "mailer", max_concurrency=5)
+    url = f"{ADMIN}/sharedlimit/mailer/change/"
+    viewer = login("viewer", "view_sharedlimit")
+    form = viewer.get(url).context["adminform"].form
+    assert viewer.post(url, _limit_form_data(form, max_concurrency=9)).status_code == 403
+    assert _limit(dj, "mailer") == (5, None, 1.0)
+    operator = login("operator", "view_sharedlimit", "change_sharedlimit")
+    form = operator.get(url).context["adminform"].form
+    response = operator.post(url, _limit_form_data(form, max_concurrency=9), follow=True)
+    assert any("was changed successfully" in m for m in _messages(response))
+    assert _limit(dj, "mailer") == (9, None, 1.0)

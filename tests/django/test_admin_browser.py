@@ -1,5 +1,5 @@
-"""The Django admin in a real browser: headless Chromium logs in, opens the job list and a job; the
-channel list and the history fit a 1400 px window.
+"""The Django admin in a real browser: headless Chromium logs in, opens the job list and a job, and changes
+a shared limit's cap on its page; the channel list and the history fit a 1400 px window.
 
 Runs the example project (examples/django_shop) under `manage.py runserver`; the first test's
 screenshots go to test-artifacts/ at the repository's root, the width test's to its tmp path.
@@ -213,3 +213,27 @@ def test_the_channel_and_history_lists_fit_a_1400_pixel_window(
     assert (tmp_path / "admin-completedjob-list-1400px.png").stat().st_size > 10_000
     outcomes = {cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "td.field-outcome_and_finality")}
     assert outcomes == {"succeeded (final)", "failed (final)", "failed (retried)"}
+
+
+def test_a_shared_limits_cap_is_changed_on_its_page_in_chromium(
+    site: tuple[str, dict[str, Any]], browser: Any, empty_database_url: str
+) -> None:
+    import fairqueue
+
+    base, _ = site
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        fairqueue.configure_limit(conn, "stripe-api", max_concurrency=5, rate_limit="10/s", burst=3)
+    _log_in(browser, base)
+    browser.get(f"{base}/admin/fairqueue/sharedlimit/stripe-api/change/")
+    cap = browser.find_element(By.NAME, "max_concurrency")
+    assert cap.get_attribute("value") == "5"
+    assert browser.find_element(By.NAME, "rate_burst").get_attribute("value") == "3"  # as it was set, not 3.0
+    cap.clear()
+    cap.send_keys("9")
+    browser.save_screenshot(str(ARTIFACTS / "admin-shared-limit.png"))
+    browser.find_element(By.NAME, "_save").click()
+    WebDriverWait(browser, 30).until(expected_conditions.url_to_be(f"{base}/admin/fairqueue/sharedlimit/"))
+    assert "was changed successfully" in browser.find_element(By.TAG_NAME, "body").text
+    with psycopg.connect(empty_database_url) as conn:
+        row = conn.execute("SELECT max_concurrency, rate_limit, rate_burst FROM fairqueue.shared_limit").fetchone()
+    assert row == (9, "10/s", 3.0)  # the rate and burst kept

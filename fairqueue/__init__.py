@@ -50,10 +50,12 @@ from fairqueue.producer import (
     aconfigure_limit,
     aenqueue,
     aenqueue_many,
+    aremove_limit,
     configure_channel,
     configure_limit,
     enqueue,
     enqueue_many,
+    remove_limit,
 )
 from fairqueue.tasks import Backoff, JobCancelled, JobContext, JobTimeout, Task, registry, task
 
@@ -90,6 +92,7 @@ __all__ = [
     "aenqueue",
     "aenqueue_many",
     "aget_job",
+    "aremove_limit",
     "aretry",
     "aupdate_channel",
     "aupdate_limit",
@@ -113,6 +116,7 @@ __all__ = [
     "register_worker",
     "registry",
     "release",
+    "remove_limit",
     "retry",
     "settings",
     "task",

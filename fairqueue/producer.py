@@ -508,3 +508,34 @@ async def aconfigure_limit(
 def _configure_limit(name: object, max_concurrency: object, rate_limit: object, burst: object) -> Steps[None]:
     limit, cap, rate_text, per_second, burst_ = check_limit_settings(name, max_concurrency, rate_limit, burst)
     yield Q.configure_limit, (limit, cap, rate_text, per_second, burst_)
+
+
+def remove_limit(db: object, name: str) -> bool:
+    """Removes a shared limit that no live job declares; returns False if there was no such limit.
+
+    While a job that declares the limit is live (ready, running, scheduled, waiting in the limit's
+    line), it raises :class:`InvalidChannelConfigError` saying how many, and nothing changes: remove
+    the limit from the code that enqueues first, then once those jobs have ended. After removal,
+    enqueueing a job that names it raises :class:`InvalidJobError`, as for any name not configured
+    (a periodic schedule that names it keeps its tick due and logs an error). A job enqueued with the
+    limit while this runs, and committed after it, runs without it. Runs in the caller's transaction
+    (it reads the live jobs' limits, a scan of the job table: an occasional operation); the ``admin``
+    level of ``fairqueue grant`` may run it.
+    """
+    return run(db, _remove_limit(name), "remove_limit")
+
+
+async def aremove_limit(db: object, name: str) -> bool:
+    """:func:`remove_limit` for async code (``db`` as for :func:`aenqueue`)."""
+    return await arun(db, _remove_limit(name), "aremove_limit")
+
+
+def _remove_limit(name: object) -> Steps[bool]:
+    limit = check_text("limit name", name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
+    [(removed, jobs)] = yield Q.remove_limit, (limit,)
+    if not removed and jobs:
+        raise InvalidChannelConfigError(
+            f"shared limit {limit!r} is declared by {jobs:,} live job{'' if jobs == 1 else 's'}: remove it once "
+            "no job that uses it is ready, running, scheduled or waiting"
+        )
+    return bool(removed)

@@ -11,8 +11,8 @@ directly, so a web app's credentials cannot rewrite queue state.
 - ``worker``: what a producer may, plus register, heartbeat, claim, finish, release, and the
   maintenance chores (lease recovery, due jobs, partitions). Handlers that enqueue follow-up jobs
   need the producer's rights, which is why a worker has them.
-- ``admin`` (operators, ``fairqueue status/cancel/retry/channels``): a worker's rights plus cancel,
-  retry and channel configuration.
+- ``admin`` (operators, ``fairqueue status/cancel/retry/channels/limits``): a worker's rights plus
+  cancel, retry, channel configuration and shared limits (set, change, remove).
 
 Creating the schema and upgrading it (``fairqueue migrate``) stays with the schema's owner.
 """
@@ -55,7 +55,7 @@ _WORKER = (
     "register_periodic",
     "fire_periodic",
 )
-_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel", "configure_limit", "pause_periodic")
+_ADMIN = (*_WORKER, "cancel", "retry", "configure_channel", "configure_limit", "remove_limit", "pause_periodic")
 
 FUNCTIONS: dict[str, tuple[str, ...]] = {"producer": _PRODUCER, "worker": _WORKER, "admin": _ADMIN}
 READABLE_TABLES = (

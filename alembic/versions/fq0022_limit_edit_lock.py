@@ -1,4 +1,4 @@
-"""fairqueue 0022: configure_limit takes the limit's settings lock, for update_limit.
+"""fairqueue 0022: shared limits changed in part (a settings lock) and removed.
 
 Revision ID: fq0022
 Revises: fq0021

@@ -307,6 +307,17 @@ def _cmd_limits_list(args: argparse.Namespace) -> int:
     return _print_listing(args, collect_limits, lambda rows: render_limits(rows) if rows else ["(no shared limits)"])
 
 
+def _cmd_limits_remove(args: argparse.Namespace) -> int:
+    from fairqueue.producer import remove_limit
+
+    with connect(args) as conn:
+        removed = remove_limit(conn, args.name)
+    if not removed:
+        return refuse(f"no shared limit {args.name!r} (fairqueue limits list shows them)")
+    print(f"shared limit {args.name} removed")
+    return 0
+
+
 def _cmd_limits_set(args: argparse.Namespace) -> int:
     from fairqueue.producer import configure_limit
     from fairqueue.status import collect_limits
@@ -550,3 +561,14 @@ def add_admin_commands(commands: Any) -> None:
         "--burst", type=float, metavar="N", help="jobs let through back to back after a quiet spell (with a rate limit)"
     )
     limit_setting.set_defaults(func=_cmd_limits_set)
+    limit_removal = limit_commands.add_parser(
+        "remove",
+        help="remove a shared limit that no live job uses",
+        description=(
+            "Removes a shared limit (as fairqueue.remove_limit does). Refused while a live job (ready, "
+            "running, scheduled or waiting) declares it (exit status 2); exit status 1 if there is no such limit."
+        ),
+    )
+    database_url_option(limit_removal)
+    limit_removal.add_argument("name", metavar="NAME", help="the shared limit, e.g. stripe-api")
+    limit_removal.set_defaults(func=_cmd_limits_remove)

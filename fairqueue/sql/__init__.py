@@ -93,7 +93,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0019", "limit_sets", "shared limits hand out slots and join lines a set at a time"),
     Revision("fq0020", "covered_keys", "a job added to a fair key already in turn needs no wakeup"),
     Revision("fq0021", "bulk_limits", "bulk enqueue takes shared limits; periodic jobs take their task's too"),
-    Revision("fq0022", "limit_edit_lock", "configure_limit takes the limit's settings lock, for update_limit"),
+    Revision("fq0022", "limit_edit_lock", "shared limits changed in part (a settings lock) and removed"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

@@ -1,5 +1,5 @@
-"""fairqueue schema revision fq0022 (fairqueue/sql/migrations/v0022_up.sql): configure_limit takes the limit's
-settings lock, for update_limit."""
+"""fairqueue schema revision fq0022 (fairqueue/sql/migrations/v0022_up.sql): shared limits changed in part
+(configure_limit takes a settings lock, for update_limit) and removed (remove_limit)."""
 
 from django.db import migrations
 

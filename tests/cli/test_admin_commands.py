@@ -907,3 +907,28 @@ def test_limits_set_rejects_bad_values_and_changes_nothing(
     assert code == 2
     rows = conn.execute("SELECT name, max_concurrency, rate_limit FROM fairqueue.shared_limit").fetchall()
     assert rows == [("api", 3, None)]
+
+
+def test_limits_remove_removes_a_limit_no_live_job_declares(
+    cli: Run, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    fairqueue.configure_limit(conn, "stripe-api", max_concurrency=2)
+    job = fairqueue.enqueue(conn, "charge", channel="acme", limits=["stripe-api"])
+    code, out, err = cli("limits", "remove", "stripe-api")
+    assert (code, out) == (2, "")
+    assert _one_error_line(err) == (
+        "fairqueue: error: shared limit 'stripe-api' is declared by 1 live job: remove it once no job that uses"
+        " it is ready, running, scheduled or waiting"
+    )
+    [claimed] = fairqueue.claim_batch(conn, worker, 10)
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(claimed.id)])
+    assert claimed.id == job
+    code, out, err = cli("limits", "remove", "stripe-api")
+    assert (code, out.strip(), err) == (0, "shared limit stripe-api removed", "")
+    assert cli("limits", "list")[1].strip() == "(no shared limits)"
+    code, out, err = cli("limits", "remove", "stripe-api")
+    assert (code, out) == (1, "")
+    assert _one_error_line(err) == "fairqueue: error: no shared limit 'stripe-api' (fairqueue limits list shows them)"
+    code, out, err = cli("limits", "remove", "a\tb")
+    assert (code, out) == (2, "")
+    _one_error_line(err)

@@ -320,6 +320,7 @@ ACTIONS: list[tuple[str, str, Callable[[str, Scene], None]]] = [
     ("api pause a schedule", "admin", _api(lambda c, s: pause_periodic(c, s.schedule))),
     ("api configure_limit", "admin", _api(lambda c, s: fairqueue.configure_limit(c, "api", max_concurrency=2))),
     ("api update_limit", "admin", _api(lambda c, s: fairqueue.update_limit(c, "api", max_concurrency=3))),
+    ("api remove_limit", "admin", _api(lambda c, s: fairqueue.remove_limit(c, "unused"))),
     ("cli cancel", "admin", _cli("cancel", "{s.ready}")),
     ("cli retry", "admin", _cli("retry", "{s.failed}")),
     ("cli channels set", "admin", _cli("channels", "set", "{s.channel}", "--rate-limit", "5/s", "--burst", "2")),

@@ -1,6 +1,7 @@
 """fairqueue.update_limit: some of a shared limit's settings changed, the others kept (what the Django admin's
 shared limit page saves), and edits of one limit that never undo each other (schema fq0022: configure_limit
-takes the settings lock that update_limit reads under)."""
+takes the settings lock that update_limit reads under); and fairqueue.remove_limit, which removes a limit no
+live job declares (fq0022)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,57 @@ def test_the_async_form(db_url: str) -> None:
             return await fairqueue.aupdate_limit(aconn, "api", max_concurrency=4)
 
     assert asyncio.run(main()) == LimitSettings("api", 4, "5/s", 2)
+
+
+def test_a_limit_no_live_job_declares_is_removed(conn: psycopg.Connection[Any], worker: int) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    [job] = fairqueue.claim_batch(conn, worker, 10)
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(job.id)])  # a slot given back, not taken off yet
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_release").fetchone() == (1,)
+    assert fairqueue.remove_limit(conn, "api") is True
+    assert _settings(conn, "api") is None
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_release").fetchone() == (0,)
+    assert fairqueue.remove_limit(conn, "api") is False  # no such limit (any more)
+    with pytest.raises(fairqueue.InvalidJobError, match="shared limit 'api' is not configured"):
+        fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+    assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("where", ["running", "waiting", "delayed"])
+def test_a_limit_that_a_live_job_declares_is_not_removed(
+    conn: psycopg.Connection[Any], worker: int, where: str
+) -> None:
+    fairqueue.configure_limit(conn, "api", max_concurrency=5)
+    fairqueue.configure_limit(conn, "other", max_concurrency=1)
+    if where == "running":
+        job = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+        assert [j.id for j in fairqueue.claim_batch(conn, worker, 10)] == [job]
+    elif where == "waiting":  # in other's line, behind the job that holds its one slot
+        fairqueue.enqueue(conn, "k", channel="acme", limits=["other"])
+        assert len(fairqueue.claim_batch(conn, worker, 10)) == 1
+        job = fairqueue.enqueue(conn, "k", channel="acme", limits=["api", "other"])
+        assert fairqueue.claim_batch(conn, worker, 10) == []
+        assert conn.execute("SELECT job_id, limit_name FROM fairqueue.limit_waiting").fetchall() == [(job, "other")]
+    else:
+        fairqueue.enqueue(conn, "k", channel="acme", limits=["api"], delay=3600)
+    with pytest.raises(InvalidChannelConfigError, match=r"^shared limit 'api' is declared by 1 live job: remove it"):
+        fairqueue.remove_limit(conn, "api")
+    assert _settings(conn, "api") == (5, None, None, 1.0)
+    assert fairqueue.remove_limit(conn, "nope") is False  # the caller's connection goes on
+
+
+def test_removing_a_limit_checks_its_name_first(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(InvalidChannelConfigError, match="limit name must be 1 to 200 characters long"):
+        fairqueue.remove_limit(conn, "")
+    with pytest.raises(InvalidChannelConfigError, match="control characters"):
+        fairqueue.remove_limit(conn, "a\nb")
+
+
+def test_remove_limit_async(db_url: str) -> None:
+    async def main() -> tuple[bool, bool]:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as aconn:
+            await fairqueue.aconfigure_limit(aconn, "api", max_concurrency=2)
+            return await fairqueue.aremove_limit(aconn, "api"), await fairqueue.aremove_limit(aconn, "api")
+
+    assert asyncio.run(main()) == (True, False)

@@ -1,15 +1,16 @@
-"""Revision fq0022 changes one function's body: configure_limit takes the limit name's settings lock (advisory
-class 1718681609) until its transaction ends, which fairqueue.update_limit reads the settings under. Up and
-down, the limits keep their settings."""
+"""Revision fq0022: configure_limit takes the limit name's settings lock (advisory class 1718681609) until its
+transaction ends, which fairqueue.update_limit reads the settings under; and remove_limit is new, for the roles
+that may configure limits. Up and down, the limits keep their settings."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psycopg
 
 import fairqueue
-from fairqueue import migrations
+from fairqueue import migrations, roles
 
 
 def _takes_the_lock(url: str, settings: dict[str, Any]) -> bool:
@@ -41,3 +42,28 @@ def test_configure_limit_takes_the_settings_lock_from_fq0022_on(empty_database_u
     migrations.downgrade(empty_database_url, "fq0021")
     assert _settings(empty_database_url) == (4, "5/s", 2.0)
     assert not _takes_the_lock(empty_database_url, {"max_concurrency": 2})
+
+
+def test_remove_limit_comes_with_fq0022_for_the_roles_that_configure_limits(empty_database_url: str) -> None:
+    role = f"fq_limits_admin_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"  # roles are cluster-wide
+    migrations.upgrade(empty_database_url, "fq0021")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            conn.execute(f'DROP OWNED BY "{role}"')  # left over by an interrupted run
+            conn.execute(f'DROP ROLE "{role}"')
+        conn.execute(f'CREATE ROLE "{role}"')
+        at_fq0021 = tuple(f for f in roles.FUNCTIONS["admin"] if f != "remove_limit")
+        for statement in roles.statements("admin", role, functions=at_fq0021):
+            conn.execute(statement)  # what fairqueue grant admin gave at fq0021
+        try:
+            fairqueue.configure_limit(conn, "api", max_concurrency=2)
+            migrations.upgrade(empty_database_url)
+            can = "SELECT has_function_privilege(%s, 'fairqueue.remove_limit(text)', 'EXECUTE')"
+            assert conn.execute(can, (role,)).fetchone() == (True,)
+            assert conn.execute(can, ("public",)).fetchone() == (False,)
+            assert fairqueue.remove_limit(conn, "api") is True
+            migrations.downgrade(empty_database_url, "fq0021")
+            assert conn.execute("SELECT to_regprocedure('fairqueue.remove_limit(text)')").fetchone() == (None,)
+        finally:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')

@@ -1,4 +1,7 @@
--- fairqueue schema, down from revision fq0022 to fq0021: configure_limit without the settings lock.
+-- fairqueue schema, down from revision fq0022 to fq0021: configure_limit without the settings lock,
+-- and no remove_limit.
+
+DROP FUNCTION fairqueue.remove_limit(text);
 
 CREATE OR REPLACE FUNCTION fairqueue.configure_limit(
     p_name             text,

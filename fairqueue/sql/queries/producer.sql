@@ -44,6 +44,10 @@ ORDER BY ord
 -- Sets every setting of a shared limit (creating it if needed).
 SELECT fairqueue.configure_limit(%s, %s::integer, %s, %s::double precision, %s::double precision)
 
+-- name: remove_limit
+-- Whether the shared limit was removed, and how many live jobs declare it if not (schema/37_shared_limits.sql).
+SELECT removed, jobs FROM fairqueue.remove_limit(%s)
+
 -- name: existing_job_ids
 -- Which of the given ids exist, live or finished (for validating `after=` before writing anything).
 SELECT fairqueue.existing_job_ids(%(ids)s::bigint[])

@@ -59,6 +59,33 @@ BEGIN
     PERFORM pg_notify('fairqueue', '');
 END $$;
 
+-- Removes a shared limit that no live job declares (ready, running, scheduled, waiting in a line: every
+-- row of job), with what is left of its bookkeeping (slots given back, the turns of its line). Returns
+-- whether it was removed and, if not, how many live jobs declare it (0: there was no such limit).
+-- Under the settings lock (as configure_limit) and the limit's row lock, so no intake hands out its
+-- slots meanwhile. A job enqueued with the limit while this runs, and committed after it, finds no
+-- limit when the intake gates it and runs without it; later enqueues naming it are refused.
+CREATE FUNCTION fairqueue.remove_limit(p_name text, OUT removed boolean, OUT jobs bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    removed := false;
+    jobs := 0;
+    PERFORM pg_advisory_xact_lock(1718681609, hashtext(p_name));
+    PERFORM 1 FROM fairqueue.shared_limit WHERE name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT count(*) INTO jobs FROM fairqueue.job WHERE limits @> ARRAY[p_name];
+    IF jobs > 0 THEN
+        RETURN;
+    END IF;
+    DELETE FROM fairqueue.limit_release WHERE limit_name = p_name;
+    DELETE FROM fairqueue.limit_turn WHERE limit_name = p_name;
+    DELETE FROM fairqueue.limit_waiting WHERE limit_name = p_name;
+    DELETE FROM fairqueue.shared_limit WHERE name = p_name;
+    removed := true;
+END $$;
+
 -- Takes the slots given back (limit_release) off the held count of limits whose rows the caller
 -- holds, and puts the jobs left for them (limit_release.job_id) in their lines: each such job is taken
 -- out of scheduled_job if it is still there at that attempt (an intake may have gated it since, or it

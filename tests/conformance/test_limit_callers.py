@@ -124,3 +124,32 @@ def test_bad_limit_settings_write_nothing_and_the_transaction_goes_on(caller: Ca
         tx.fq.configure_limit(tx.db, "api", max_concurrency=1)
         tx.commit()
     assert caller.orders() == 1 and _limit_settings(caller, "api") == (1, None, 1)
+
+
+def test_update_and_remove_limit_take_effect_with_the_commit(caller: Caller) -> None:
+    fairqueue.configure_limit(caller.conn, "api", max_concurrency=2, rate_limit="10/s", burst=5)
+    with caller.transaction() as tx:
+        assert tx.fq.update_limit(tx.db, "api", max_concurrency=4) == fairqueue.LimitSettings("api", 4, "10/s", 5)
+        tx.rollback()
+    assert _limit_settings(caller, "api") == (2, "10/s", 5)
+    with caller.transaction() as tx:  # some settings: the others stay
+        tx.fq.update_limit(tx.db, "api", max_concurrency=4)
+        tx.commit()
+    assert _limit_settings(caller, "api") == (4, "10/s", 5)
+    with caller.transaction() as tx:
+        tx.execute(f"INSERT INTO {ORDERS} (note) VALUES ('before')")
+        tx.fq.enqueue(tx.db, "k", channel="acme", limits=["api"])
+        # declared by a live job (this transaction's): refused, nothing removed, the transaction goes on
+        with pytest.raises(fairqueue.InvalidChannelConfigError, match=r"^shared limit 'api' is declared by 1 live job"):
+            tx.fq.remove_limit(tx.db, "api")
+        tx.rollback()
+    assert caller.orders() == 0
+    with caller.transaction() as tx:
+        assert tx.fq.remove_limit(tx.db, "api") is True
+        tx.rollback()
+    assert _limit_settings(caller, "api") == (4, "10/s", 5)
+    with caller.transaction() as tx:
+        assert tx.fq.remove_limit(tx.db, "api") is True
+        assert tx.fq.remove_limit(tx.db, "api") is False
+        tx.commit()
+    assert _limit_settings(caller, "api") is None

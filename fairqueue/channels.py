@@ -166,19 +166,10 @@ def _update_channel(
     yield Q.channel_edit_lock, (channel,)
     [current] = (yield Q.channel_settings, (channel,)) or [_DEFAULTS]
     cap, rate, rate_burst, weight_now, paused_now, key_cap = current
-    if max_concurrency is not UNCHANGED:
-        cap = max_concurrency
-    if rate_limit is not UNCHANGED:
-        rate = rate_text
-    if burst is not UNCHANGED:
-        rate_burst = burst
-    elif rate is None:
-        rate_burst = 1  # the rate limit is gone (or never was): so is its burst
-    if rate is None and rate_burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    rate, rate_burst = _merged_rate(rate, rate_burst, rate_limit, rate_text, burst)
     settings = ChannelSettings(
         name=channel,
-        max_concurrency=cap,
+        max_concurrency=cap if max_concurrency is UNCHANGED else max_concurrency,
         rate_limit=rate,
         burst=burst_number(rate_burst),
         weight=weight_now if weight is UNCHANGED else weight,
@@ -195,6 +186,27 @@ def _update_channel(
         settings.key_max_concurrency,
     )
     return settings
+
+
+def _merged_rate(
+    rate: str | None,
+    rate_burst: float,
+    rate_limit: str | Unchanged | None,
+    rate_text: str | None,
+    burst: float | Unchanged,
+) -> tuple[str | None, float]:
+    """The rate limit and burst after an edit: the current ones (``rate``, ``rate_burst``) with what was
+    given (``rate_limit``, normalised as ``rate_text``, and ``burst``). A burst belongs to a rate limit:
+    with none left and no burst given it goes back to 1; a burst given for none is refused."""
+    if rate_limit is not UNCHANGED:
+        rate = rate_text
+    if burst is not UNCHANGED:
+        rate_burst = burst
+    elif rate is None:
+        rate_burst = 1  # the rate limit is gone (or never was): so is its burst
+    if rate is None and rate_burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    return rate, rate_burst
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,32 +266,24 @@ def _update_limit(
     rate_limit: str | Unchanged | None,
     burst: float | Unchanged,
 ) -> Steps[LimitSettings]:
-    # the checks of configure_limit, on what was given (placeholders stand for the rest)
-    limit, *_ = check_limit_settings(
+    # the checks of configure_limit, on what was given: an unchanged rate limit stands in as "1/s" (so
+    # a burst alone is checked for its range here, and against the real rate limit once merged), and
+    # rate_text is used only when a rate limit was given
+    limit, _, rate_text, _, _ = check_limit_settings(
         name,
         None if max_concurrency is UNCHANGED else max_concurrency,
-        "1/s" if rate_limit is UNCHANGED or rate_limit is None else rate_limit,
+        "1/s" if rate_limit is UNCHANGED else rate_limit,
         1 if burst is UNCHANGED else burst,
     )
-    rate_text = None if rate_limit is None or rate_limit is UNCHANGED else parse_rate_limit(rate_limit)[0]
-    if rate_limit is None and burst is not UNCHANGED and burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
 
     if all(value is UNCHANGED for value in (max_concurrency, rate_limit, burst)):
         [(cap, rate, rate_burst)] = (yield Q.limit_settings, (limit,)) or [_LIMIT_DEFAULTS]
         return LimitSettings(limit, cap, rate, burst_number(rate_burst))
     yield Q.limit_edit_lock, (limit,)
     [(cap, rate, rate_burst)] = (yield Q.limit_settings, (limit,)) or [_LIMIT_DEFAULTS]
+    rate, rate_burst = _merged_rate(rate, rate_burst, rate_limit, rate_text, burst)
     if max_concurrency is not UNCHANGED:
         cap = max_concurrency
-    if rate_limit is not UNCHANGED:
-        rate = rate_text
-    if burst is not UNCHANGED:
-        rate_burst = burst
-    elif rate is None:
-        rate_burst = 1  # the rate limit is gone (or never was): so is its burst
-    if rate is None and rate_burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
     settings = LimitSettings(name=limit, max_concurrency=cap, rate_limit=rate, burst=burst_number(rate_burst))
     yield from _configure_limit(limit, settings.max_concurrency, settings.rate_limit, settings.burst)
     return settings

@@ -24,11 +24,11 @@ from fairqueue.validation import (
     check_name,
     check_optional_text,
     check_priority,
+    check_rate,
     check_run_at,
     check_seconds,
     check_text,
     encode_json,
-    parse_rate_limit,
 )
 
 OnDuplicate = Literal["return", "raise"]
@@ -458,12 +458,7 @@ def _configure_channel(
 ) -> Steps[None]:
     channel, cap, weight_, paused_, burst_ = check_channel_settings(name, max_concurrency, weight, paused, burst)
     key_cap = check_key_max_concurrency(key_max_concurrency)
-    rate_text: str | None = None
-    per_second: float | None = None
-    if rate_limit is not None:
-        rate_text, per_second = parse_rate_limit(rate_limit)
-    elif burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    rate_text, per_second = check_rate(rate_limit, burst)
     yield Q.configure_channel, (channel, cap, rate_text, per_second, burst_, weight_, paused_, key_cap)
 
 

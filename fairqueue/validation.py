@@ -298,13 +298,18 @@ def check_limit_settings(
         # (a limit cannot be paused: the channel's hint does not apply)
         message = str(exc).replace("channel name", "limit name").replace("; use paused=True to stop a channel", "")
         raise InvalidChannelConfigError(message) from None
-    rate_text: str | None = None
-    per_second: float | None = None
-    if rate_limit is not None:
-        rate_text, per_second = parse_rate_limit(rate_limit)
-    elif burst != 1:
-        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    rate_text, per_second = check_rate(rate_limit, burst)
     return limit, cap, rate_text, per_second, burst_
+
+
+def check_rate(rate_limit: object, burst: object) -> tuple[str | None, float | None]:
+    """A rate limit (None: none) as written and per second, for a channel or a shared limit; a burst
+    other than 1 needs one. Raises :class:`InvalidChannelConfigError`."""
+    if rate_limit is not None:
+        return parse_rate_limit(rate_limit)
+    if burst != 1:
+        raise InvalidChannelConfigError("burst only applies together with a rate_limit")
+    return None, None
 
 
 #: How many shared limits one job may declare.

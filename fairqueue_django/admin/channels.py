@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -109,6 +110,34 @@ class BurstField(forms.FloatField):
         return burst_number(value) if isinstance(value, float) else value
 
 
+def clean_rate_limit(form: forms.ModelForm) -> str | None:
+    """A form's rate limit field: empty is none, anything else must read as a rate limit (its own error)."""
+    text = (form.cleaned_data.get("rate_limit") or "").strip()
+    if not text:
+        return None
+    try:
+        parse_rate_limit(text)
+    except InvalidChannelConfigError as exc:
+        raise forms.ValidationError(str(exc)) from exc
+    return text
+
+
+def save_changed_settings(form: Any, fields: tuple[str, ...], edit: Callable[..., Any]) -> None:
+    """Saves the settings the user changed on a page (of ``fields``) with ``edit(**changes)``; nothing if
+    none changed. The form checked a new burst against the rate limit shown on the page: if someone
+    removed that rate limit meanwhile, the burst goes with it and the other changes are saved."""
+    changes = {name: form.cleaned_data[name] for name in form.changed_data if name in fields}
+    if not changes:
+        return
+    try:
+        edit(**changes)
+    except InvalidChannelConfigError:
+        if "rate_burst" not in changes or "rate_limit" in changes:
+            raise
+        del changes["rate_burst"]
+        edit(**changes)
+
+
 class ChannelLimitsForm(forms.ModelForm):
     """The settings configure_channel takes. Each field carries the value it had when the page was
     drawn (show_hidden_initial), so saving writes only what the user changed: a pause from another
@@ -148,14 +177,7 @@ class ChannelLimitsForm(forms.ModelForm):
         fields = LIMIT_FIELDS
 
     def clean_rate_limit(self) -> str | None:
-        text = (self.cleaned_data.get("rate_limit") or "").strip()
-        if not text:
-            return None
-        try:
-            parse_rate_limit(text)
-        except InvalidChannelConfigError as exc:
-            raise forms.ValidationError(str(exc)) from exc
-        return text
+        return clean_rate_limit(self)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -318,18 +340,7 @@ class ChannelAdmin(QueueAdmin):
         return str(self.get_empty_value_display()) if obj.busiest is None else describe_keys(obj.busiest)
 
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
-        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in LIMIT_FIELDS}
-        if not changes:
-            return
-        try:
-            edit_channel(obj.name, **changes)
-        except InvalidChannelConfigError:
-            if "rate_burst" not in changes or "rate_limit" in changes:
-                raise
-            # the form checked the burst against the rate limit on the page; someone removed that rate
-            # limit meanwhile, and its burst goes with it
-            del changes["rate_burst"]
-            edit_channel(obj.name, **changes)
+        save_changed_settings(form, LIMIT_FIELDS, lambda **changes: edit_channel(obj.name, **changes))
 
     def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
         if not self.has_change_permission(request):

@@ -14,10 +14,10 @@ from django.http import HttpRequest
 import fairqueue
 from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
-from fairqueue.validation import check_limit_settings, parse_rate_limit
+from fairqueue.validation import check_limit_settings
 from fairqueue_django import conf
 from fairqueue_django.admin.base import EMPTY, QueueAdmin, shown, time_field
-from fairqueue_django.admin.channels import BurstField
+from fairqueue_django.admin.channels import BurstField, clean_rate_limit, save_changed_settings
 from fairqueue_django.models import SharedLimit
 
 NAME = shown("name")
@@ -63,14 +63,7 @@ class SharedLimitForm(forms.ModelForm):
         fields = SETTINGS
 
     def clean_rate_limit(self) -> str | None:
-        text = (self.cleaned_data.get("rate_limit") or "").strip()
-        if not text:
-            return None
-        try:
-            parse_rate_limit(text)
-        except InvalidChannelConfigError as exc:
-            raise forms.ValidationError(str(exc)) from exc
-        return text
+        return clean_rate_limit(self)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -116,18 +109,7 @@ class SharedLimitAdmin(QueueAdmin):
         return super().get_queryset(request).with_counts()
 
     def save_model(self, request: HttpRequest, obj: SharedLimit, form: Any, change: bool) -> None:
-        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in SETTINGS}
-        if not changes:
-            return
-        try:
-            edit_limit(obj.name, **changes)
-        except InvalidChannelConfigError:
-            if "rate_burst" not in changes or "rate_limit" in changes:
-                raise
-            # the form checked the burst against the rate limit on the page; someone removed that rate
-            # limit meanwhile, and its burst goes with it
-            del changes["rate_burst"]
-            edit_limit(obj.name, **changes)
+        save_changed_settings(form, SETTINGS, lambda **changes: edit_limit(obj.name, **changes))
 
     @admin.display(description="cap", ordering="max_concurrency")
     def cap(self, obj: SharedLimit) -> Any:

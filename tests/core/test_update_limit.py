@@ -171,3 +171,24 @@ def test_remove_limit_async(db_url: str) -> None:
             return await fairqueue.aremove_limit(aconn, "api"), await fairqueue.aremove_limit(aconn, "api")
 
     assert asyncio.run(main()) == (True, False)
+
+
+@pytest.mark.parametrize("edit", ["configure_limit", "update_limit", "remove_limit"])
+def test_a_producer_never_waits_for_an_edit_of_a_limit_its_job_uses(connect: Connections, edit: str) -> None:
+    """Invariant 2: an edit of a shared limit holds the limit's settings lock and its row until it commits;
+    a producer only reads the row (the names it checks), so a job that uses the limit goes in at once."""
+    setup, editing, producer = connect(), connect(autocommit=False), connect()
+    fairqueue.configure_limit(setup, "api", max_concurrency=2)
+    fairqueue.configure_limit(setup, "other", max_concurrency=2)
+    if edit == "configure_limit":
+        fairqueue.configure_limit(editing, "api", max_concurrency=3)
+    elif edit == "update_limit":
+        fairqueue.update_limit(editing, "api", max_concurrency=3)
+    else:
+        assert fairqueue.remove_limit(editing, "other") is True  # the row lock of a limit being removed
+    producer.execute("SET lock_timeout = '200ms'")  # a wait would fail the enqueue
+    with producer.transaction():
+        fairqueue.enqueue(producer, "k", channel="acme", limits=["api"])
+        fairqueue.enqueue_many(producer, [fairqueue.JobSpec("k", channel="acme", limits=["api", "other"])])
+    editing.commit()
+    assert setup.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (2,)

@@ -263,13 +263,15 @@ def parse_rate_limit(text: object) -> tuple[str, float]:
 
 
 def check_channel_settings(
-    name: object, max_concurrency: object, weight: object, paused: object, burst: object
+    name: object, max_concurrency: object, weight: object, paused: object, burst: object, *, of: str = "channel"
 ) -> tuple[str, int | None, int, bool, float]:
-    channel = check_text("channel name", name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
+    """A channel's settings, checked (``of="limit"``: a shared limit's, which has no weight or pause:
+    its name in the messages, and no hint to pause)."""
+    channel = check_text(f"{of} name", name, max_len=MAX_CHANNEL, error=InvalidChannelConfigError)
     if max_concurrency is not None and (not _is_int(max_concurrency) or max_concurrency < 1):  # type: ignore[operator]
+        hint = "; use paused=True to stop a channel" if of == "channel" else ""
         raise InvalidChannelConfigError(
-            f"max_concurrency must be a whole number of at least 1 (or None for no cap), got {max_concurrency!r}; "
-            "use paused=True to stop a channel"
+            f"max_concurrency must be a whole number of at least 1 (or None for no cap), got {max_concurrency!r}{hint}"
         )
     if max_concurrency is not None and max_concurrency > MAX_CONCURRENCY:  # type: ignore[operator]
         raise InvalidChannelConfigError(
@@ -292,12 +294,7 @@ def check_limit_settings(
     """A shared limit's settings, checked as a channel's are (with the limit's name in the messages):
     its name, cap, rate limit as written and per second (None without one), and burst. A burst other than
     1 needs a rate limit. Raises :class:`InvalidChannelConfigError`."""
-    try:
-        limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst)
-    except InvalidChannelConfigError as exc:
-        # (a limit cannot be paused: the channel's hint does not apply)
-        message = str(exc).replace("channel name", "limit name").replace("; use paused=True to stop a channel", "")
-        raise InvalidChannelConfigError(message) from None
+    limit, cap, _, _, burst_ = check_channel_settings(name, max_concurrency, 1, False, burst, of="limit")
     rate_text, per_second = check_rate(rate_limit, burst)
     return limit, cap, rate_text, per_second, burst_
 

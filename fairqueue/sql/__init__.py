@@ -94,6 +94,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0020", "covered_keys", "a job added to a fair key already in turn needs no wakeup"),
     Revision("fq0021", "bulk_limits", "bulk enqueue takes shared limits; periodic jobs take their task's too"),
     Revision("fq0022", "limit_edit_lock", "shared limits changed in part (a settings lock) and removed"),
+    Revision("fq0023", "direct_handout", "jobs handed a slot in an idle channel start in the claim that handed it"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

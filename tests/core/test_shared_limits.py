@@ -603,3 +603,149 @@ def test_the_name_check_holds_once_the_statement_is_prepared_and_planned_generic
     kept = fairqueue.enqueue(producer, "k", channel="acme", limits=["api"])
     producer.commit()  # still usable: no refused insert aborted it
     assert conn.execute("SELECT id FROM fairqueue.job").fetchall() == [(kept,)]
+
+
+def _row_version(db: psycopg.Connection[Any], channel: str) -> tuple[Any, ...]:
+    """The channel row's address and whether it is active: a row that was written has a new address."""
+    row = db.execute("SELECT ctid::text, active FROM fairqueue.channel WHERE name = %s", (channel,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _drained_waiting(db: psycopg.Connection[Any], worker: int, channel: str, waiting: int) -> fairqueue.ClaimedJob:
+    """``channel`` runs the one job that gets the limit's slot and drains; ``waiting`` more wait for it."""
+    _enqueue(db, channel, 1 + waiting, ["api"], kind="api")
+    (first,) = _claim(db, worker, 10)
+    assert _claim(db, worker, 10) == []  # drained: the channel goes idle, its other jobs in the line
+    assert _row_version(db, channel)[1] is False
+    return first
+
+
+def test_a_slot_handed_to_an_idle_channel_starts_its_job_in_the_claim_that_handed_it_out(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """The claim whose intake hands a job its slot starts the job itself when the job's channel is idle
+    (schema fq0023): first in its batch, with the other channels' jobs after it, and the channel's row
+    neither woken nor idled again (not written at all), where waking it cost a round of the claim."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    first = _drained_waiting(conn, worker, "acme", 1)
+    _enqueue(conn, "initech", 5, None, kind="plain")
+    before = _row_version(conn, "acme")
+    fairqueue.finish(conn, worker, [Outcome(first.id)])
+    jobs = _claim(conn, worker, 4)
+    assert [j.kind for j in jobs] == ["api", "plain", "plain", "plain"]
+    assert (jobs[0].channel, jobs[0].attempt) == ("acme", 1)
+    assert _row_version(conn, "acme") == before
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (0,)
+    _assert_limits_consistent(conn)
+    fairqueue.finish(conn, worker, [Outcome(j.id) for j in jobs])
+    assert [j.kind for j in _claim(conn, worker, 10)] == ["plain", "plain"]
+    _assert_limits_consistent(conn)
+
+
+@pytest.mark.parametrize(
+    ("setting", "started"),
+    [
+        ({"max_concurrency": 1}, 1),
+        ({"rate_limit": "1/h", "burst": 1}, 1),
+        ({"key_max_concurrency": 1}, 1),
+        ("paused", 0),
+        ("no room", 1),
+    ],
+    ids=["capped", "rate-limited", "keyed", "paused", "no-room"],
+)
+def test_a_slot_handed_to_a_channel_that_counts_its_turns_wakes_it_as_before(
+    conn: psycopg.Connection[Any], worker: int, setting: Any, started: int
+) -> None:
+    """A channel whose claims must be counted (a cap, a rate limit, a cap per fair key), a paused one, and one
+    whose handed jobs do not all fit in the claim's batch are woken for their jobs and served in turn, within
+    their settings: two jobs get the limit's two slots, and the claim starts only what the channel allows."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    key = "user-1" if setting == {"key_max_concurrency": 1} else None
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("api", channel="acme", limits=["api"], fair_key=key)] * 4)
+    first = _claim(conn, worker, 10)
+    assert len(first) == 2
+    assert _claim(conn, worker, 10) == []
+    if isinstance(setting, dict):
+        fairqueue.update_channel(conn, "acme", **setting)
+    elif setting == "paused":
+        fairqueue.update_channel(conn, "acme", paused=True)
+    fairqueue.finish(conn, worker, [Outcome(j.id) for j in first])
+    jobs = _claim(conn, worker, 1 if setting == "no room" else 10)  # no room: a batch of one, two jobs handed
+    assert len(jobs) == started
+    if key is None:
+        assert _row_version(conn, "acme")[1] is True  # woken: it has a ready job left
+    else:  # the key counts its running job, and waits out of turn at its cap (the channel idles)
+        row = conn.execute("SELECT running, in_turn FROM fairqueue.channel_key WHERE fair_key = %s", (key,)).fetchone()
+        assert row == (1, False)
+    assert _holding(conn, "api") == 2
+    _assert_limits_consistent(conn)
+
+
+def test_a_slot_handed_to_a_keyed_job_in_an_idle_channel_goes_through_its_keys_turn(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A job with a fair key handed its slot in an idle channel is not started by the claim that handed it out:
+    its channel is woken and its key put in turn, so a cap per key counts it (the key's row says 1 running)."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    fairqueue.configure_channel(conn, "acme", key_max_concurrency=2)
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("api", channel="acme", limits=["api"], fair_key="u1")] * 2)
+    (first,) = _claim(conn, worker, 10)
+    assert _claim(conn, worker, 10) == []  # the other waits for the slot; the key is below its cap
+    fairqueue.finish(conn, worker, [Outcome(first.id)])  # no wakeup: the key was not at its cap
+    assert conn.execute("SELECT count(*) FROM fairqueue.channel_wakeup").fetchone() == (0,)
+    assert len(_claim(conn, worker, 10)) == 1
+    assert conn.execute("SELECT running FROM fairqueue.channel_key WHERE fair_key = 'u1'").fetchone() == (1,)
+    _assert_limits_consistent(conn)
+
+
+def test_slots_handed_to_idle_channels_in_a_flood_lose_no_job_and_keep_the_shares(
+    connect: Connections, conn: psycopg.Connection[Any]
+) -> None:
+    """Three workers, two tenants flooding a limit of 3 with jobs of their own and a third without the limit:
+    every job runs exactly once, the limit is never exceeded, the floods share it, and the channels end idle
+    with nothing left anywhere (the claims start most handed jobs themselves)."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=3)
+    _enqueue(conn, "acme", 90, ["api"])
+    _enqueue(conn, "globex", 90, ["api"])
+    _enqueue(conn, "initech", 90, None)
+    workers = [fairqueue.register_worker(conn, f"w{i}", lease_seconds=60) for i in range(3)]
+    started: list[tuple[str, int]] = []
+    over: list[int] = []
+    barrier = threading.Barrier(3)
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        db = connect()
+        barrier.wait()
+        idle = 0
+        while idle < 3:
+            jobs = _claim(db, worker, 4)
+            if not jobs:
+                idle += 1
+                continue
+            idle = 0
+            held = _holding(db, "api")
+            with lock:
+                started.extend((j.channel, j.id) for j in jobs)
+                if held > 3:
+                    over.append(held)
+            fairqueue.finish(db, worker, [Outcome(j.id) for j in jobs])
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    while (jobs := _claim(conn, workers[0], 50)) != []:  # what the last finishes gave back, if anything
+        started.extend((j.channel, j.id) for j in jobs)
+        fairqueue.finish(conn, workers[0], [Outcome(j.id) for j in jobs])
+    assert over == []
+    assert len(started) == len({i for _, i in started}) == 270
+    assert Counter(c for c, _ in started) == {"acme": 90, "globex": 90, "initech": 90}
+    # while both floods wait, the limit goes to them in turns (give or take a claim per worker)
+    shares = Counter([c for c, _ in started if c != "initech"][:120])
+    assert abs(shares["acme"] - shares["globex"]) <= 6, shares
+    assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
+    assert conn.execute("SELECT bool_or(active) FROM fairqueue.channel").fetchone() == (False,)
+    _assert_limits_consistent(conn)

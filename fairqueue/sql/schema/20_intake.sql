@@ -8,10 +8,22 @@
 -- Moves due scheduled jobs on, consumes producer wakeups, hands free slots of shared limits to the
 -- jobs waiting for them (schema/37_shared_limits.sql) and lifts expired throttles. Called at the
 -- start of every claim (and by promote_due_jobs).
-CREATE FUNCTION fairqueue._intake(p_now timestamptz)
-RETURNS void
+--
+-- A claim passes the room in its batch (p_room) and gets back the jobs it must start itself: jobs
+-- just handed their limits' slots whose channel is idle, and would be woken for them alone. Waking
+-- such a channel puts it at the current virtual time, ahead of the others, so the claim would serve
+-- it first, find it drained and idle it again: a channel update each way and a round of the claim,
+-- for every handout to a tenant that waits only on a limit. The claim starts them at once instead,
+-- where its turn would have put them, and the channel stays idle. Only channels whose turns need no
+-- count (no cap, no rate limit, no fair keys, not paused), and only whole channels that fit in
+-- p_room; this transaction holds their rows (so no claim idles or wakes them meanwhile) and inserted
+-- the jobs (so no one else can see them before they are started). Every other handout wakes its
+-- channel as before.
+CREATE FUNCTION fairqueue._intake(p_now timestamptz, p_room integer DEFAULT 0)
+RETURNS bigint[]
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_direct  bigint[] := '{}';
     v_wake    text[];
     v_place   bigint[];
     v_id      bigint;
@@ -22,45 +34,54 @@ DECLARE
     v_gate_att integer[];
     v_made    bigint[] := '{}';
 BEGIN
-    WITH woken AS (
-        DELETE FROM fairqueue.channel_wakeup
-        WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor()
-                              ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
-        RETURNING channel, fair_key
-    ),
-    due AS (
-        DELETE FROM fairqueue.scheduled_job s
-        WHERE s.job_id = ANY (ARRAY(
-            SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
-            ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
-        RETURNING s.job_id, s.channel, s.attempt, s.placed
-    ),
-    classified AS (
-        SELECT d.job_id, d.channel, d.attempt, j.priority, j.fair_key,
-               (NOT d.placed AND d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL))
-                   AS needs_placement,
-               j.limits IS NOT NULL AS gated
-        FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
-    ),
-    ready AS (
-        INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
-        SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified
-        WHERE NOT needs_placement AND NOT gated
-        ORDER BY job_id
-        RETURNING channel, fair_key
-    ),
-    keyed AS (
-        SELECT DISTINCT t.channel, t.fair_key
-        FROM (SELECT channel, fair_key FROM woken UNION ALL SELECT channel, fair_key FROM ready) AS t
-        WHERE t.fair_key IS NOT NULL
-    )
-    SELECT (SELECT array_agg(DISTINCT n) FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
-           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement),
-           (SELECT array_agg(k.channel ORDER BY k.channel, k.fair_key) FROM keyed k),
-           (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k),
-           (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement),
-           (SELECT array_agg(attempt ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement)
-    INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
+    -- Each step runs only when a first-entry probe finds work for it: an intake that a shared limit's
+    -- slots brought here (the usual case while tenants flood a limit) has no wakeup to take in and no
+    -- channel to wake, and the statements would have read empty indexes and written nothing. A
+    -- wakeup or due job committed after a probe is taken in by the next intake, as one committed
+    -- after the statement would have been.
+    IF (SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor() ORDER BY id LIMIT 1) IS NOT NULL
+       OR (SELECT run_at FROM fairqueue.scheduled_job ORDER BY run_at LIMIT 1) <= p_now THEN
+        WITH woken AS (
+            DELETE FROM fairqueue.channel_wakeup
+            WHERE id = ANY (ARRAY(SELECT id FROM fairqueue.channel_wakeup WHERE id >= fairqueue._wakeup_floor()
+                                  ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED))
+            RETURNING channel, fair_key
+        ),
+        due AS (
+            DELETE FROM fairqueue.scheduled_job s
+            WHERE s.job_id = ANY (ARRAY(
+                SELECT job_id FROM fairqueue.scheduled_job WHERE run_at <= p_now
+                ORDER BY run_at LIMIT 1000 FOR UPDATE SKIP LOCKED))
+            RETURNING s.job_id, s.channel, s.attempt, s.placed
+        ),
+        classified AS (
+            SELECT d.job_id, d.channel, d.attempt, j.priority, j.fair_key,
+                   (NOT d.placed AND d.attempt = 0 AND (j.fifo_key IS NOT NULL OR j.depends_on IS NOT NULL))
+                       AS needs_placement,
+                   j.limits IS NOT NULL AS gated
+            FROM due d CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = d.job_id LIMIT 1) AS j
+        ),
+        ready AS (
+            INSERT INTO fairqueue.running_job (job_id, channel, attempt, ready_at, rank, fair_key)
+            SELECT job_id, channel, attempt, p_now, -priority, fair_key FROM classified
+            WHERE NOT needs_placement AND NOT gated
+            ORDER BY job_id
+            RETURNING channel, fair_key
+        ),
+        keyed AS (
+            SELECT DISTINCT t.channel, t.fair_key
+            FROM (SELECT channel, fair_key FROM woken UNION ALL SELECT channel, fair_key FROM ready) AS t
+            WHERE t.fair_key IS NOT NULL
+        )
+        SELECT (SELECT array_agg(DISTINCT n)
+                FROM (SELECT channel FROM woken UNION ALL SELECT channel FROM ready) AS t(n)),
+               (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE needs_placement),
+               (SELECT array_agg(k.channel ORDER BY k.channel, k.fair_key) FROM keyed k),
+               (SELECT array_agg(k.fair_key ORDER BY k.channel, k.fair_key) FROM keyed k),
+               (SELECT array_agg(job_id ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement),
+               (SELECT array_agg(attempt ORDER BY job_id) FROM classified WHERE gated AND NOT needs_placement)
+        INTO v_wake, v_place, v_kchan, v_kkey, v_gate, v_gate_att;
+    END IF;
 
     -- Free slots of shared limits go to the jobs waiting for them first, then to the jobs due now.
     IF (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= p_now
@@ -83,6 +104,36 @@ BEGIN
         FROM fairqueue.running_job r
         WHERE r.job_id = ANY (v_place) AND r.fair_key IS NOT NULL AND r.worker_id IS NULL;
     END IF;
+    IF cardinality(v_made) > 0 AND p_room > 0 THEN
+        -- the jobs the claim starts itself (see above): the channels not woken for anything else
+        WITH mine AS (
+            SELECT r.job_id, r.channel, r.fair_key FROM fairqueue.running_job r
+            WHERE r.job_id = ANY (v_made) AND r.worker_id IS NULL
+        ),
+        per AS (
+            SELECT m.channel, count(*) AS n FROM mine m
+            WHERE m.channel <> ALL (coalesce(v_wake, '{}'))
+            GROUP BY m.channel HAVING bool_and(m.fair_key IS NULL)
+        ),
+        quiet AS (
+            SELECT c.name FROM fairqueue.channel c
+            WHERE c.name = ANY (ARRAY(SELECT p.channel FROM per p))
+              AND NOT c.active AND NOT c.paused AND NOT c.keyed
+              AND c.max_concurrency IS NULL AND c.rate_per_second IS NULL
+            ORDER BY c.name
+            FOR NO KEY UPDATE SKIP LOCKED
+        ),
+        fit AS (
+            SELECT f.channel FROM (SELECT p.channel, sum(p.n) OVER (ORDER BY p.channel) AS upto
+                                   FROM per p WHERE p.channel IN (SELECT q.name FROM quiet q)) AS f
+            WHERE f.upto <= p_room
+        )
+        SELECT coalesce(array_agg(m.job_id ORDER BY m.job_id), '{}') INTO v_direct
+        FROM mine m WHERE m.channel IN (SELECT f.channel FROM fit f);
+        IF cardinality(v_direct) > 0 THEN
+            v_made := ARRAY(SELECT x FROM unnest(v_made) AS x WHERE x <> ALL (v_direct));
+        END IF;
+    END IF;
     IF cardinality(v_made) > 0 THEN
         -- the same for the jobs that got the slots of their shared limits: their channels and keys
         SELECT v_wake || array_agg(DISTINCT r.channel),
@@ -97,7 +148,13 @@ BEGIN
     -- expired throttles. Rows another transaction holds are skipped, never waited for (it may be a
     -- configure_channel inside a long transaction): their wakeups, and their keys', go back in the
     -- table for the next claim. A claimer marking one idle right now holds it, so its wakeup is
-    -- retried after that claimer is done, and wins. (Every channel of v_kchan is in v_wake.)
+    -- retried after that claimer is done, and wins. (Every channel of v_kchan is in v_wake.) With no
+    -- channel to wake and no throttle run out, the statement would change nothing.
+    IF coalesce(cardinality(v_wake), 0) = 0
+       AND coalesce((SELECT throttled_until FROM fairqueue.channel WHERE throttled_until IS NOT NULL
+                     ORDER BY throttled_until LIMIT 1) > p_now, true) THEN
+        RETURN v_direct;
+    END IF;
     WITH lockable AS (
         SELECT c.name FROM fairqueue.channel c
         WHERE c.name = ANY (ARRAY(
@@ -156,6 +213,7 @@ BEGIN
     INSERT INTO fairqueue.channel_wakeup (channel)
     SELECT n FROM unnest(v_wake) AS n
     WHERE n NOT IN (SELECT name FROM lockable) AND n NOT IN (SELECT name FROM created);
+    RETURN v_direct;
 END $$;
 
 -- First placement of a job that has depends_on or a fifo_key. Returns the channel if it became ready.

@@ -173,6 +173,7 @@ DECLARE
     v_workers  integer;
     v_spread   integer;
     v_floor    double precision;
+    v_direct   bigint[] := '{}';
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         RAISE EXCEPTION 'fairqueue: claim limit must be between 1 and 1000, got %', p_limit
@@ -194,7 +195,26 @@ BEGIN
            ORDER BY throttled_until LIMIT 1) <= v_now
        OR (SELECT due_at FROM fairqueue.shared_limit WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1) <= v_now
        OR (SELECT id FROM fairqueue.limit_release ORDER BY id LIMIT 1) IS NOT NULL THEN
-        PERFORM fairqueue._intake(v_now);
+        v_direct := fairqueue._intake(v_now, p_limit);
+    END IF;
+    -- Jobs the intake handed their shared limits' slots in channels that are idle (schema/20_intake.sql):
+    -- started here, first in the batch, where waking their channels would have put them.
+    IF cardinality(v_direct) > 0 THEN
+        RETURN QUERY
+            WITH claimed AS (
+                UPDATE fairqueue.running_job rj
+                SET worker_id = p_worker_id, attempt = rj.attempt + 1, started_at = v_now
+                WHERE rj.job_id = ANY (v_direct) AND rj.worker_id IS NULL
+                RETURNING rj.job_id, rj.channel, rj.attempt, rj.ready_at, rj.started_at
+            )
+            SELECT c.job_id, j.kind, j.args, c.channel, c.attempt, j.max_attempts, j.timeout_seconds,
+                   j.created_at, c.ready_at, c.started_at, j.priority, j.trace_context, j.fair_key
+            FROM claimed c CROSS JOIN LATERAL (SELECT * FROM fairqueue.job WHERE id = c.job_id LIMIT 1) AS j
+            ORDER BY c.job_id;
+        v_left := v_left - cardinality(v_direct);
+        IF v_left <= 0 THEN
+            RETURN;
+        END IF;
     END IF;
     v_workers := greatest(v_workers, 1);
     -- Charges left by claims that shared a channel with its holder (see below), paid before the

@@ -1,8 +1,8 @@
 """Where the time of a shared limit's jobs goes: one run of the fairness benchmark's scenario 4 on an
 embedded PostgreSQL with pg_stat_statements (every nested statement tracked), then the statements
 by total time, and from the jobs' own records how long an acme job (the limit's) and an initech
-job (none) waited from ready to start and took from start to their recorded end, and how much of
-the time the limit's slots were held.
+job (none) waited from ready to start and took from start to their recorded end, how much of
+the time the limit's slots were held, and the rows each table had written per job completed.
 
     python -m benchmarks.limit_profile [--control] [--job-ms 0] [--seconds 15] [--limit 8]
 
@@ -74,6 +74,15 @@ def main() -> None:
                     (cli.limit,),
                 ).fetchone()
                 print("the limit's slots held (ready to recorded end), share of the time:", row[0] if row else None)
+            # what the run wrote, table by table, per job it completed (since the database was made: the
+            # first backlog's inserts count too)
+            done = db.execute("SELECT count(*) FROM fairqueue.completed_job").fetchone()
+            print("\nrows per completed job | inserted | updated | of which HOT | deleted")
+            for name, *ops in db.execute(
+                "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
+                " WHERE schemaname = 'fairqueue' AND n_tup_ins + n_tup_upd + n_tup_del > 0 ORDER BY relname"
+            ).fetchall():
+                print(name, "|", " | ".join(f"{n / max(done[0] if done else 0, 1):.3f}" for n in ops))
 
 
 if __name__ == "__main__":

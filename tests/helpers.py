@@ -194,6 +194,50 @@ def race_against_open_transaction(
     return blocked
 
 
+#: Makes a session wait, inside the intake's statement that locks the channels to wake, until the test
+#: lets it go (the advisory lock below): the intake is then past the snapshot that statement reads with
+#: and before its locks.
+_PAUSE_INTAKE = """
+CREATE OR REPLACE FUNCTION public.test_pause_intake() RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(4242, 4242);
+    RETURN true;
+END $$;
+"""
+
+
+def race_against_intake_lock(
+    connect: Callable[[], psycopg.Connection[Any]], conn: psycopg.Connection[Any], meanwhile: Callable[[], object]
+) -> None:
+    """Runs an intake (``fairqueue._intake``) that stops inside the statement that locks the channels it
+    wakes, after the statement's snapshot and before the lock; runs ``meanwhile`` (committed work of other
+    sessions) while it waits; then lets it finish. The intake's definition is patched for the race and
+    put back afterwards."""
+    row = conn.execute("SELECT pg_get_functiondef('fairqueue._intake(timestamptz, integer)'::regprocedure)").fetchone()
+    assert row is not None
+    definition = str(row[0])
+    marker = "SELECT unnest(v_wake)"
+    assert definition.count(marker) == 1, "the intake no longer reads the channels to wake as the test expects"
+    conn.execute(_PAUSE_INTAKE)
+    conn.execute(definition.replace(marker, marker + " WHERE public.test_pause_intake()"))
+    try:
+        gate = connect()
+        gate.execute("SELECT pg_advisory_lock(4242, 4242)")
+        intake = connect()
+        pid = intake.info.backend_pid
+        t, errors = in_thread(lambda: intake.execute("SELECT fairqueue._intake(clock_timestamp())"))
+        try:
+            assert wait_until_blocked_or_done(conn, t, pid=pid), "the intake did not stop where the test expects"
+            meanwhile()
+        finally:
+            gate.execute("SELECT pg_advisory_unlock(4242, 4242)")
+            t.join()
+        assert not errors, errors
+    finally:
+        conn.execute(definition)
+        conn.execute("DROP FUNCTION IF EXISTS public.test_pause_intake()")
+
+
 #: The transaction isolation levels a producer may use; the no-lost-wake-up tests run under each.
 ISOLATIONS = ["read committed", "repeatable read", "serializable"]
 

@@ -19,7 +19,7 @@ import fairqueue
 from fairqueue import Outcome
 from fairqueue.errors import InvalidChannelConfigError
 from tests.conftest import Connections
-from tests.helpers import assert_consistent
+from tests.helpers import assert_consistent, race_against_intake_lock
 
 
 def _enqueue_many(db: psycopg.Connection[Any], channel: str, keys: Sequence[str | None]) -> None:
@@ -252,4 +252,28 @@ def test_a_capped_key_shares_its_channels_turns_with_a_flood(conn: psycopg.Conne
     assert len(_claim(conn, worker, 3)) == 3
     _enqueue_many(conn, "acme", ["alice"])
     assert _keys(_claim(conn, worker, 2)) == {"import": 1, "alice": 1}
+    assert_consistent(conn)
+
+
+def test_a_claim_idling_a_channel_while_the_intake_wakes_its_key_leaves_no_key_stranded(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A finish frees a slot of a key at its cap and leaves a wakeup; an intake takes it in, and while it
+    is about to lock the channel a claim finds no key in turn and idles the channel. The intake must then
+    wake the channel (keyed) along with the key: a key put in turn in a channel left idle strands its
+    jobs, since no claim looks at an idle channel and nothing is left to wake it (schema fq0024)."""
+    fairqueue.configure_channel(conn, "acme", key_max_concurrency=2)
+    _enqueue_many(conn, "acme", ["a"] * 4)
+    first = _claim(conn, worker, 2)  # the key reaches its cap; the batch is full, the channel stays active
+    assert _keys(first) == {"a": 2} and _active(conn, "acme")
+    fairqueue.finish(conn, worker, [Outcome(first[0].id)])  # a slot is free: a wakeup for the key
+
+    def idle_it() -> None:  # a claim serves the channel, finds no key in turn and idles it
+        assert _claim(connect(), worker, 5) == []
+        assert not _active(conn, "acme")
+
+    race_against_intake_lock(connect, conn, idle_it)
+    assert _active(conn, "acme")
+    assert _key_row(conn, "acme", "a") == (1, True)
+    assert _keys(_claim(conn, worker, 5)) == {"a": 1}  # the key's next job runs
     assert_consistent(conn)

@@ -33,6 +33,7 @@ DECLARE
     v_gate    bigint[];
     v_gate_att integer[];
     v_made    bigint[] := '{}';
+    v_locked  text[];
 BEGIN
     -- Each step runs only when a first-entry probe finds work for it: an intake that a shared limit's
     -- slots brought here (the usual case while tenants flood a limit) has no wakeup to take in and no
@@ -155,13 +156,21 @@ BEGIN
                      ORDER BY throttled_until LIMIT 1) > p_now, true) THEN
         RETURN v_direct;
     END IF;
-    WITH lockable AS (
+    -- The rows are locked in a statement of their own, and the next one reads them with a snapshot
+    -- taken after: one statement would decide with the snapshot it started with and lock the newest
+    -- version of each row. A claimer that idled a channel in between (committing after that snapshot,
+    -- before the lock) would then have its channel skipped as still active while its woken keys were
+    -- put in turn: keys in turn in an idle channel, whose jobs no claim looks at and nothing wakes.
+    v_locked := ARRAY(
         SELECT c.name FROM fairqueue.channel c
         WHERE c.name = ANY (ARRAY(
             SELECT unnest(v_wake)
             UNION
             (SELECT name FROM fairqueue.channel WHERE throttled_until <= p_now ORDER BY throttled_until LIMIT 1000)))
-        FOR NO KEY UPDATE SKIP LOCKED
+        ORDER BY c.name
+        FOR NO KEY UPDATE SKIP LOCKED);
+    WITH lockable AS (
+        SELECT unnest(v_locked) AS name
     ),
     vnow AS (
         SELECT min(vtime) AS v FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor()

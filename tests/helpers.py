@@ -194,11 +194,11 @@ def race_against_open_transaction(
     return blocked
 
 
-#: Makes a session wait, inside the intake's statement that locks the channels to wake, until the test
-#: lets it go (the advisory lock below): the intake is then past the snapshot that statement reads with
-#: and before its locks.
-_PAUSE_INTAKE = """
-CREATE OR REPLACE FUNCTION public.test_pause_intake() RETURNS boolean LANGUAGE plpgsql AS $$
+#: A function that waits until the test lets it go (the advisory lock below), patched into a copy of a
+#: fairqueue function at the point a race needs; cheap, so that the planner evaluates it before the
+#: other conditions of its WHERE clause.
+_PAUSE = """
+CREATE OR REPLACE FUNCTION public.test_pause() RETURNS boolean LANGUAGE plpgsql COST 0.0001 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(4242, 4242);
     RETURN true;
@@ -206,36 +206,61 @@ END $$;
 """
 
 
-def race_against_intake_lock(
-    connect: Callable[[], psycopg.Connection[Any]], conn: psycopg.Connection[Any], meanwhile: Callable[[], object]
+def race_against_paused_function(
+    connect: Callable[[], psycopg.Connection[Any]],
+    conn: psycopg.Connection[Any],
+    function: str,
+    marker: str,
+    paused: Callable[[psycopg.Connection[Any]], object],
+    meanwhile: Callable[[], object],
 ) -> None:
-    """Runs an intake (``fairqueue._intake``) that stops inside the statement that locks the channels it
-    wakes, after the statement's snapshot and before the lock; runs ``meanwhile`` (committed work of other
-    sessions) while it waits; then lets it finish. The intake's definition is patched for the race and
-    put back afterwards."""
-    row = conn.execute("SELECT pg_get_functiondef('fairqueue._intake(timestamptz, integer)'::regprocedure)").fetchone()
+    """Patches ``function`` (a regprocedure, e.g. ``fairqueue._intake(timestamptz, integer)``) so that it
+    stops where its text has ``marker`` (replaced by ``marker`` with the pause before it, so the marker must
+    start a condition: ``WHERE x`` becomes ``WHERE public.test_pause() AND x``); runs ``paused`` on a
+    connection of its own in a thread until it stops there; runs ``meanwhile`` (committed work of other
+    sessions); then lets it finish. The function's definition is put back afterwards, and whatever
+    ``paused`` or ``meanwhile`` raised is raised here."""
+    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
     assert row is not None
     definition = str(row[0])
-    marker = "SELECT unnest(v_wake)"
-    assert definition.count(marker) == 1, "the intake no longer reads the channels to wake as the test expects"
-    conn.execute(_PAUSE_INTAKE)
-    conn.execute(definition.replace(marker, marker + " WHERE public.test_pause_intake()"))
+    assert definition.count(marker) == 1, f"{function} no longer reads as the test expects: {marker!r}"
+    head, condition = marker.split(" ", 1)
+    conn.execute(_PAUSE)
+    conn.execute(definition.replace(marker, f"{head} public.test_pause() AND {condition}"))
     try:
         gate = connect()
         gate.execute("SELECT pg_advisory_lock(4242, 4242)")
-        intake = connect()
-        pid = intake.info.backend_pid
-        t, errors = in_thread(lambda: intake.execute("SELECT fairqueue._intake(clock_timestamp())"))
+        session = connect()
+        pid = session.info.backend_pid
+        t, errors = in_thread(lambda: paused(session))
         try:
-            assert wait_until_blocked_or_done(conn, t, pid=pid), "the intake did not stop where the test expects"
-            meanwhile()
+            assert wait_until_blocked_or_done(conn, t, pid=pid), f"{function} did not stop where the test expects"
+            other, other_errors = in_thread(meanwhile)
+            other.join(30)
+            assert not other.is_alive(), f"the work meant to run meanwhile waited for the paused {function}"
+            assert not other_errors, other_errors
         finally:
             gate.execute("SELECT pg_advisory_unlock(4242, 4242)")
             t.join()
         assert not errors, errors
     finally:
         conn.execute(definition)
-        conn.execute("DROP FUNCTION IF EXISTS public.test_pause_intake()")
+        conn.execute("DROP FUNCTION IF EXISTS public.test_pause()")
+
+
+def race_against_intake_lock(
+    connect: Callable[[], psycopg.Connection[Any]], conn: psycopg.Connection[Any], meanwhile: Callable[[], object]
+) -> None:
+    """Runs an intake (``fairqueue._intake``) that stops inside the statement that locks the channels it
+    wakes, after the statement's snapshot and before the lock, and ``meanwhile`` while it waits."""
+    race_against_paused_function(
+        connect,
+        conn,
+        "fairqueue._intake(timestamptz, integer)",
+        "WHERE c.name = ANY (ARRAY(\n",
+        lambda db: db.execute("SELECT fairqueue._intake(clock_timestamp())"),
+        meanwhile,
+    )
 
 
 #: The transaction isolation levels a producer may use; the no-lost-wake-up tests run under each.

@@ -20,6 +20,7 @@ from tests.helpers import (
     claim_beside_a_held_channel,
     impatient,
     in_thread,
+    race_against_paused_function,
     wait_until_blocked_or_done,
 )
 
@@ -133,6 +134,41 @@ def test_a_producer_arriving_while_a_claim_lets_its_key_go_leaves_a_wakeup(
     assert _key_wakeups(conn) == 1
     assert_consistent(conn)
     assert late[0] in {j.id for j in fairqueue.claim_batch(impatient(connect()), worker, 10)}
+
+
+def test_a_job_committed_while_a_claim_takes_a_dry_keys_lock_keeps_its_key_in_turn(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """The claim's side: it takes a dry key's lock in a statement of its own, and looks for ready jobs
+    with the snapshot of the next one. The claim takes alice's last job and stops just before it takes
+    her lock; a producer meanwhile finds her in turn, writes a job without a wakeup and commits. Checked
+    with a snapshot from before that commit (the lock and the check in one statement), alice would
+    leave the turns with the new job ready and nothing to wake her: the job would never run."""
+    (last,) = _alice_in_turn(conn, worker)
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("bob", channel="acme", fair_key="bob")] * 3)
+    conn.execute("SELECT fairqueue.promote_due_jobs()")  # bob in turn: acme stays active
+    late: list[int] = []
+    got: list[int] = []
+
+    def claim(db: psycopg.Connection[Any]) -> None:
+        got.extend(j.id for j in fairqueue.claim_batch(db, worker, 2))
+
+    def enqueue() -> None:
+        late.append(fairqueue.enqueue(connect(), "late", channel="acme", fair_key="alice"))
+
+    race_against_paused_function(
+        connect,
+        conn,
+        "fairqueue._take_keyed(text[], integer[], integer[], timestamptz)",
+        "WHERE pg_try_advisory_xact_lock(1718681607,",
+        claim,
+        enqueue,
+    )
+    assert last in got
+    assert _key_wakeups(conn) == 0  # alice was in turn when the producer looked
+    assert _in_turn(conn, "acme", "alice")
+    assert_consistent(conn)
+    assert late[0] in {j.id for j in fairqueue.claim_batch(conn, worker, 10)}
 
 
 def test_a_claim_that_let_a_key_go_does_not_then_wait_for_a_busy_channel(

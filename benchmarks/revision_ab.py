@@ -109,8 +109,9 @@ def main(argv: list[str] | None = None) -> None:
             "claim_ms_mean": mean,
             "ratio_p50": p50["after"] / p50["before"],
         }
+        woken = "idle channels and their keys" if args.batch > 1 else "idle channel and its key"
         what = (
-            f"claim of {args.batch} waking {args.batch} idle channels and their keys"
+            f"claim of {args.batch} waking {args.batch} {woken}"
             if args.wake
             else f"claim of {args.batch} ({args.jobs:,} queued, {args.channels:,} channels)"
         )

@@ -91,6 +91,16 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert not stranded_keys, f"fair keys with ready jobs that no claim will take: {stranded_keys}"
 
+    # an idle channel has no key in turn: no claim looks at it, so a key in turn there would not be
+    # served, and a producer that finds the key in turn leaves no wakeup for it (schema/35_fair_keys.sql)
+    idle_turns = conn.execute(
+        """
+        SELECT k.channel, k.fair_key FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
+        WHERE k.in_turn AND NOT c.active ORDER BY 1, 2 LIMIT 10
+        """
+    ).fetchall()
+    assert not idle_turns, f"keys in turn in idle channels: {idle_turns}"
+
     # each key's running jobs are counted exactly while its channel caps its keys, and not at all otherwise
     miscounted = conn.execute(
         """

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -160,11 +161,28 @@ class Worker:
         self._lifecycle.abort()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the worker; a second one aborts it.
+
+        The handler only hands the signal to a thread of its own (``SimpleQueue.put`` is safe in a
+        signal handler), which stops or aborts the worker. A handler runs in the main thread between
+        two of its bytecodes, and the main thread runs the dispatcher: stopping from the handler would
+        take the lock of the dispatcher's wake-up event, which the main thread may be holding right
+        then (inside ``Event.clear`` or ``Event.wait``), and the worker would hang for good.
+        """
+        signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        def follow() -> None:
+            while True:
+                signals.get()
+                if self._lifecycle.stopping.is_set():
+                    self.abort()
+                else:
+                    self.stop()
+
+        threading.Thread(target=follow, name="fairqueue-signals", daemon=True).start()
+
         def handle(signum: int, frame: FrameType | None) -> None:
-            if self._lifecycle.stopping.is_set():
-                self.abort()
-            else:
-                self.stop()
+            signals.put(signum)
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)

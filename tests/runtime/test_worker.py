@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -863,3 +865,42 @@ def test_a_job_enqueued_while_a_producer_kept_its_channel_active_is_claimed_with
     assert finished(conn, late, timeout=10).result == 3
     assert time.monotonic() - started < 5  # not the 60 s poll
     fairqueue.complete(conn, me, held.id)
+
+
+# Runs in a process of its own: the signal is sent while the main thread holds the lock of the
+# dispatcher's wake-up event, as it does for a moment inside every ``wake.clear()`` and ``wake.wait()``.
+_SIGNAL_UNDER_THE_WAKE_LOCK = """
+import os, signal, sys
+from fairqueue.worker import Worker, WorkerConfig
+
+worker = Worker(WorkerConfig(database_url=sys.argv[1]))
+worker.install_signal_handlers()
+lifecycle = worker._lifecycle
+with lifecycle.wake._cond:
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs in this thread, before the lock is let go
+    sum(range(1000))
+stopped = lifecycle.stopping.wait(20) and lifecycle.wake.wait(20)
+with lifecycle.wake._cond:
+    os.kill(os.getpid(), signal.SIGINT)  # the second signal aborts
+    sum(range(1000))
+aborted = lifecycle.aborted.wait(20)
+print("stopped" if stopped else "not stopped", "aborted" if aborted else "not aborted", flush=True)
+"""
+
+
+def test_a_signal_arriving_while_the_dispatcher_holds_its_wake_lock_still_stops_the_worker(db_url: str) -> None:
+    """SIGTERM stops the worker and a second signal aborts it, whatever the main thread (the dispatcher)
+    holds when the signal arrives. The handler runs in the main thread; one that stopped the worker
+    itself would take the wake-up event's lock, which the dispatcher holds inside ``wake.clear()``:
+    the worker hung for good, with its listener blocked behind the same lock (seen in CI, where the
+    unread notifications then held up a DROP DATABASE)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SIGNAL_UNDER_THE_WAKE_LOCK, db_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker hung in its signal handler")
+    assert done.stdout.strip() == "stopped aborted", done.stdout + done.stderr

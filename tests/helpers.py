@@ -229,7 +229,12 @@ def race_against_paused_function(
     start a condition: ``WHERE x`` becomes ``WHERE public.test_pause() AND x``); runs ``paused`` on a
     connection of its own in a thread until it stops there; runs ``meanwhile`` (committed work of other
     sessions); then lets it finish. The function's definition is put back afterwards, and whatever
-    ``paused`` or ``meanwhile`` raised is raised here."""
+    ``paused`` or ``meanwhile`` raised is raised here.
+
+    The pause comes first among the conditions of a scan's filter, but the planner places a condition of
+    its own on a scan of a joined table (a lock taken there can come before the pause): check that the
+    statement stops where the race needs it. If ``meanwhile`` waits for the paused session it fails after
+    30 s rather than hanging."""
     row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
     assert row is not None
     definition = str(row[0])

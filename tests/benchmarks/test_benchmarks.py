@@ -120,3 +120,13 @@ def test_revision_ab_alternates_a_function_only_revision_and_refuses_the_others(
         timeout=120,
     )
     assert refused.returncode != 0 and "fq0013 changes more than functions" in refused.stderr
+
+
+def test_revision_ab_wake_times_claims_that_wake_idle_channels(server_url: str, tmp_path: Path) -> None:
+    """--wake (docs/benchmarks.md, fq0024): each timed claim takes the one job just enqueued into each of
+    --batch idle channels, so it comes back with a whole batch from an empty queue."""
+    args = ["--revision", "fq0024", "--wake", "--batch", "3", "--blocks", "2", "--rounds", "4"]
+    data = _bench("revision_ab", server_url, tmp_path, *args)
+    results = data["results"]
+    assert results["wake"] is True and results["jobs"] == 0 and results["channels"] == 3
+    assert results["claims_per_version"] == 8 and results["ratio_p50"] > 0

@@ -193,6 +193,24 @@ def db_error_text(exc: BaseException) -> str:
     return visible(clean_text(" ".join(text.split())))
 
 
+#: what PostgreSQL says when it refuses a connection because it is not ready (SQLSTATE 57P03:
+#: starting up, shutting down, in recovery, a standby that takes no connections); libpq hands a
+#: connection's refusal over as text only, without its SQLSTATE
+_NOT_READY = re.compile(
+    r"\bthe database system is (starting up|shutting down|in recovery mode|not (yet )?accepting connections)"
+)
+
+
+def server_not_ready(exc: BaseException) -> bool:
+    """Whether a failed connection was refused by a server that will take connections later (57P03),
+    as opposed to one that cannot be reached or refused these credentials. Matches the English
+    messages (a server with another ``lc_messages`` reads as unreachable)."""
+    driver = psycopg_error(exc)
+    if driver is None:
+        return False
+    return driver.sqlstate == "57P03" or bool(_NOT_READY.search(" ".join(str(driver).split())))
+
+
 def _plain(params: Params) -> tuple[Any, ...] | dict[str, Any]:
     return dict(params) if isinstance(params, Mapping) else tuple(params)
 

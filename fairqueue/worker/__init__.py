@@ -32,11 +32,15 @@ import queue
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from types import FrameType
+from typing import Any
 
-from fairqueue._db import db_error_text
+import psycopg
+
+from fairqueue._db import db_error_text, server_not_ready
 from fairqueue.consumer import deregister_worker, register_worker
 from fairqueue.errors import ConfigurationError
 from fairqueue.metrics import Metrics
@@ -68,6 +72,9 @@ log = logging.getLogger("fairqueue.worker")
 MAX_LISTED_TASKS = 1000  # task names a worker records in fairqueue.worker.info
 EXIT_OK = 0
 EXIT_ABORTED = 1
+
+#: how long a starting worker waits for a server that says it is not ready yet (seconds)
+START_WAIT = 120.0
 
 
 class Worker:
@@ -190,7 +197,10 @@ class Worker:
     # -- main loop ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        conn = self._db.get()  # fail fast (with the caller's error handling) if the database is unreachable
+        conn = self._connect_at_start()
+        if conn is None:
+            log.info("stopped before the database accepted connections")
+            return EXIT_ABORTED if self._lifecycle.aborted.is_set() else EXIT_OK
         check_schema(conn, self.config.database_url)
         self._register()
         log.info(
@@ -212,6 +222,29 @@ class Worker:
         finally:
             self._shutdown()
         return EXIT_ABORTED if self._lifecycle.aborted.is_set() else EXIT_OK
+
+    def _connect_at_start(self) -> psycopg.Connection[Any] | None:
+        """The dispatcher's first connection. Fails fast (with the caller's error handling) if the
+        database cannot be reached, except while the server answers that it is not ready: starting
+        up, shutting down, in crash recovery, a standby (SQLSTATE 57P03, which libpq reports only as
+        text). A worker started while PostgreSQL restarts then waits, up to ``START_WAIT`` seconds, as
+        a running worker does. None if the worker was told to stop meanwhile."""
+        deadline = time.monotonic() + START_WAIT
+        failures = 0
+        while True:
+            try:
+                return self._db.get()
+            except psycopg.OperationalError as exc:
+                if not server_not_ready(exc) or time.monotonic() >= deadline:
+                    raise
+                failures += 1
+                delay = min(self.config.reconnect_max, 0.05 * 2 ** min(failures, 10))
+                log.warning(
+                    "the database does not accept connections yet; waiting",
+                    extra={"error": db_error_text(exc), "retry_in": round(delay, 3)},
+                )
+                if self._lifecycle.stopping.wait(delay):
+                    return None
 
     def _register(self) -> None:
         names = self.tasks.names()

@@ -24,7 +24,7 @@ import pytest
 
 import fairqueue
 from fairqueue import migrations
-from fairqueue.embedded import LocalPostgres
+from fairqueue.embedded import FAST_SETTINGS, LocalPostgres
 from tests import worker_tasks as t
 from tests.helpers import assert_consistent, count
 
@@ -300,3 +300,123 @@ def test_sigterm_lets_a_running_job_finish_and_a_second_signal_aborts(
     assert info is not None and not info.finished
     assert [(a.attempt, a.outcome) for a in info.attempts] == [(1, "lost")]
     assert count(conn, "worker") == 0
+
+
+def test_kill_9_and_a_crash_of_postgresql_leave_no_slot_of_a_key_cap_or_a_shared_limit_held(
+    fleet_for: Callable[[str], Fleet],
+) -> None:
+    """The bookkeeping of issue 17 (a key's running count under its channel's cap per key, a shared
+    limit's held count, its line and the slots given back) after the faults a fleet meets: workers
+    killed while they hold capped and limited jobs (their leases expire) and PostgreSQL crashing. A
+    slot counted but held by no job would keep its key parked, or its limit full, for good: here
+    every job still runs exactly once, and every count is back to zero when the queue is empty."""
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+        migrations.upgrade(server.url)
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(t.CREATE_EFFECTS)
+            fairqueue.configure_limit(conn, "api", max_concurrency=3)
+            fairqueue.configure_channel(conn, "tenant-0", key_max_concurrency=2)
+            fairqueue.configure_channel(conn, "tenant-1", max_concurrency=4, key_max_concurrency=1)
+            with conn.transaction():
+                ids = fairqueue.enqueue_many(
+                    conn,
+                    [
+                        t.effect.using(
+                            channel=f"tenant-{i % 3}",
+                            fair_key=f"user-{i % 7}" if i % 5 else None,
+                            limits=["api"] if i % 4 == 0 else None,
+                        ).spec(ms=3)
+                        for i in range(1500)
+                    ],
+                )
+        fleet = fleet_for(server.url)
+        for _ in range(3):
+            fleet.start()
+
+        def done() -> int:
+            try:
+                with psycopg.connect(server.url, autocommit=True) as c:
+                    return succeeded(c)
+            except psycopg.OperationalError:
+                return 0  # the server is restarting
+
+        def kill_a_worker_holding_jobs() -> None:
+            with psycopg.connect(server.url, autocommit=True) as c:
+                victim = next((p for p in fleet.alive() if holds_jobs(c, p)), None) or random.Random(
+                    len(fleet.procs)
+                ).choice(fleet.alive())
+                wait_until(functools.partial(holds_jobs, c, victim), fleet, what="the victim to hold jobs")
+            victim.kill()
+            victim.wait()
+            fleet.start()
+            # up before the crash below (a worker whose first connection finds no server at all exits)
+            log = fleet.logs / f"worker-{len(fleet.procs) - 1}.log"
+            wait_until(lambda: b"worker started" in log.read_bytes(), fleet, what="the new worker to start")
+
+        wait_until(lambda: done() >= 250, fleet, what="250 jobs")
+        kill_a_worker_holding_jobs()
+        wait_until(lambda: done() >= 600, fleet, what="600 jobs")
+        server.restart(mode="immediate")
+        wait_until(lambda: done() >= 1000, fleet, what="1,000 jobs")
+        kill_a_worker_holding_jobs()
+        wait_until(lambda: done() == len(ids), fleet, timeout=180, what="every job")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            outcomes = assert_every_job_ran_exactly_once(conn, ids)
+            assert outcomes.get("lost", 0) >= 2, outcomes  # the killed workers' jobs, recorded and re-run
+            # every slot given back: the limit's count (less the releases no intake has applied yet),
+            # its line, and the keys' running counts
+            assert conn.execute(
+                "SELECT held - coalesce((SELECT sum(n) FROM fairqueue.limit_release WHERE limit_name = name), 0)"
+                " FROM fairqueue.shared_limit"
+            ).fetchall() == [(0,)]
+            assert count(conn, "limit_waiting") == 0
+            assert conn.execute("SELECT count(*) FROM fairqueue.channel_key WHERE running > 0").fetchone() == (0,)
+            assert conn.execute("SELECT sum(running) FROM fairqueue.channel").fetchone() in ((0,), (None,))
+        codes = fleet.stop()
+        assert sorted(codes) == [-signal.SIGKILL] * 2 + [0] * 3, f"{codes}\n{fleet.output()}"
+
+
+def _as_standby(server: LocalPostgres) -> Callable[[], None]:
+    """Restarts ``server`` as a standby that takes no connections (hot_standby is off: every
+    connection is refused with SQLSTATE 57P03, as while the server starts up or recovers from a
+    crash); returns what promotes it, after which it takes connections again."""
+    assert server.datadir is not None
+    pgdata = server.datadir / "data"
+    pg_ctl = str(server.bindir / "pg_ctl")
+    server._run([pg_ctl, "-D", str(pgdata), "-m", "fast", "-w", "stop"])
+    (pgdata / "standby.signal").write_text("")
+    server._start_server()
+    return lambda: server._run([pg_ctl, "-D", str(pgdata), "-w", "promote"])
+
+
+def test_a_worker_started_while_postgresql_is_not_ready_waits_for_it(
+    fleet_for: Callable[[str], Fleet], tmp_path: Path
+) -> None:
+    """A worker that starts while the server refuses connections because it is not ready (starting
+    up, recovering from a crash, a standby being promoted) waits for it instead of exiting, and a
+    SIGTERM meanwhile stops it at once. (Found by the test above: a worker started just before a
+    crash-restart exited with status 1 when its first connection met the recovering server.)"""
+    with LocalPostgres(
+        bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None, settings=dict(FAST_SETTINGS, hot_standby="off")
+    ) as server:
+        migrations.upgrade(server.url)
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            job = t.add.enqueue(conn, 20, 22)
+        promote = _as_standby(server)
+        fleet = fleet_for(server.url)
+        waiting, stopped = fleet.start(), fleet.start()
+
+        def both_wait() -> bool:
+            logs = [(tmp_path / f"worker-{i}.log").read_bytes() for i in range(2)]
+            return all(b"does not accept connections yet" in log for log in logs)
+
+        wait_until(both_wait, fleet, 60, "both workers to wait")
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(30) == 0, fleet.output()
+        assert "stopped before the database accepted connections" in (tmp_path / "worker-1.log").read_text()
+        assert waiting.poll() is None, fleet.output()
+        promote()
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            wait_until(lambda: _final(conn, job) == "succeeded", fleet, 60, "the job after the promotion")
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(30) == 0, fleet.output()

@@ -133,14 +133,15 @@ async def async_context(ctx: fairqueue.JobContext) -> dict[str, Any]:
 
 
 @fairqueue.task(name="t.effect", pass_context=True, max_attempts=5, retry_backoff=0.05, retry_backoff_max=0.2)
-def effect(ctx: fairqueue.JobContext, ms: float = 0.0, fail: bool = False) -> int:
-    """Writes one row in the job's own transaction: committed exactly when the job's success is."""
+def effect(ctx: fairqueue.JobContext, ms: float = 0.0, fail: bool = False, fail_until: int = 0) -> int:
+    """Writes one row in the job's own transaction: committed exactly when the job's success is.
+    Fails after writing always (``fail``), or in its first ``fail_until`` attempts."""
     ctx.connection.execute(
         f"INSERT INTO {EFFECTS_TABLE} (job_id, attempt, note) VALUES (%s, %s, %s)", (ctx.job_id, ctx.attempt, "x")
     )
     if ms:
         time.sleep(ms / 1000)
-    if fail:
+    if fail or ctx.attempt <= fail_until:
         raise RuntimeError("failing after writing")
     return ctx.job_id
 

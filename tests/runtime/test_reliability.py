@@ -9,6 +9,7 @@ database says the run has reached a given point, never after a fixed sleep.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import random
 import signal
@@ -420,3 +421,81 @@ def test_a_worker_started_while_postgresql_is_not_ready_waits_for_it(
             wait_until(lambda: _final(conn, job) == "succeeded", fleet, 60, "the job after the promotion")
         waiting.send_signal(signal.SIGTERM)
         assert waiting.wait(30) == 0, fleet.output()
+
+
+def test_kill_9_and_a_crash_of_postgresql_keep_fifo_order_dependencies_retries_and_delays(
+    fleet_for: Callable[[str], Fleet],
+) -> None:
+    """The follow-ups a finish leaves (the next job of a FIFO key, a job waiting on another, a retry
+    after its backoff, a delayed job coming due) under the same faults: every job still runs once,
+    a FIFO key's jobs run one at a time in enqueue order, and no job starts before the job it waits
+    on has succeeded."""
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+        migrations.upgrade(server.url)
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(t.CREATE_EFFECTS)
+            fairqueue.configure_channel(conn, "rated", rate_limit="300/s")
+            with conn.transaction():
+                fifo = [t.effect.using(channel="fifo", fifo_key=f"k{i % 3}").spec(ms=2) for i in range(180)]
+                parents = [t.effect.using(channel="deps").spec(ms=2) for _ in range(150)]
+                flaky = [t.effect.using(channel="flaky").spec(ms=2, fail_until=1) for _ in range(150)]
+                rated = [t.effect.using(channel="rated").spec(ms=1) for _ in range(150)]
+                delayed = [t.effect.using(channel="delayed", delay=0.5).spec(ms=1) for _ in range(100)]
+                ids = fairqueue.enqueue_many(conn, [*fifo, *parents, *flaky, *rated, *delayed])
+                parent_ids = ids[180:330]
+                child_ids = fairqueue.enqueue_many(
+                    conn, [t.effect.using(channel="deps", after=[p]).spec(ms=2) for p in parent_ids]
+                )
+        every = ids + child_ids
+        fleet = fleet_for(server.url)
+        for _ in range(3):
+            fleet.start()
+
+        def done() -> int:
+            try:
+                with psycopg.connect(server.url, autocommit=True) as c:
+                    return succeeded(c)
+            except psycopg.OperationalError:
+                return 0  # the server is restarting
+
+        def kill_a_worker_holding_jobs() -> None:
+            with psycopg.connect(server.url, autocommit=True) as c:
+                victim = next((p for p in fleet.alive() if holds_jobs(c, p)), None) or fleet.alive()[0]
+                wait_until(functools.partial(holds_jobs, c, victim), fleet, what="the victim to hold jobs")
+            victim.kill()
+            victim.wait()
+            fleet.start()
+            log = fleet.logs / f"worker-{len(fleet.procs) - 1}.log"
+            wait_until(lambda: b"worker started" in log.read_bytes(), fleet, what="the new worker to start")
+
+        wait_until(lambda: done() >= 200, fleet, what="200 jobs")
+        kill_a_worker_holding_jobs()
+        wait_until(lambda: done() >= 450, fleet, what="450 jobs")
+        server.restart(mode="immediate")
+        wait_until(lambda: done() >= 700, fleet, what="700 jobs")
+        kill_a_worker_holding_jobs()
+        wait_until(lambda: done() == len(every), fleet, timeout=180, what="every job")
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            assert_every_job_ran_exactly_once(conn, every)
+            # each flaky job failed its first attempt (or lost it to a kill) and succeeded later
+            tries: dict[int, int] = dict(
+                conn.execute("SELECT job_id, count(*) FROM fairqueue.completed_job GROUP BY job_id").fetchall()
+            )
+            assert all(tries[j] >= 2 for j in ids[330:480]), "a flaky job succeeded at its first attempt"
+            # A job waiting on another (its FIFO key's previous job, a job it depends on) is made ready by
+            # the finish that ends that job, in its transaction: so it is ready no earlier than that job
+            # ended. (started_at is when the claim that took it began, which may be before that finish.)
+            ready: dict[int, Any] = dict(
+                conn.execute("SELECT job_id, min(ready_at) FROM fairqueue.completed_job GROUP BY job_id").fetchall()
+            )
+            ended: dict[int, Any] = dict(
+                conn.execute("SELECT job_id, finished_at FROM fairqueue.completed_job WHERE final").fetchall()
+            )
+            for key in range(3):
+                chain = ids[key:180:3]
+                for before, after in itertools.pairwise(chain):
+                    assert ended[before] <= ready[after], f"FIFO key k{key}: {after} was ready before {before} ended"
+            for parent, child in zip(parent_ids, child_ids, strict=True):
+                assert ended[parent] <= ready[child], f"job {child} was ready before {parent}, its dependency, ended"
+        codes = fleet.stop()
+        assert sorted(codes) == [-signal.SIGKILL] * 2 + [0] * 3, f"{codes}\n{fleet.output()}"

@@ -499,3 +499,86 @@ def test_kill_9_and_a_crash_of_postgresql_keep_fifo_order_dependencies_retries_a
                 assert ended[parent] <= ready[child], f"job {child} was ready before {parent}, its dependency, ended"
         codes = fleet.stop()
         assert sorted(codes) == [-signal.SIGKILL] * 2 + [0] * 3, f"{codes}\n{fleet.output()}"
+
+
+#: the most jobs running at once per key, per channel, and holding the limit "api", in one snapshot
+CAPS_NOW = """
+SELECT (SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM fairqueue.running_job
+                                         WHERE worker_id IS NOT NULL AND channel = 'tenant-0' GROUP BY fair_key) k),
+       (SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM fairqueue.running_job
+                                         WHERE worker_id IS NOT NULL AND channel = 'tenant-1' GROUP BY fair_key) k),
+       (SELECT count(*) FROM fairqueue.running_job WHERE worker_id IS NOT NULL AND channel = 'tenant-0'),
+       (SELECT count(*) FROM fairqueue.running_job r JOIN fairqueue.job j ON j.id = r.job_id
+        WHERE 'api' = ANY (j.limits))
+"""
+
+
+def test_a_worker_frozen_past_its_lease_neither_loses_jobs_nor_lets_a_cap_be_passed(
+    fleet_for: Callable[[str], Fleet],
+) -> None:
+    """A worker stopped with SIGSTOP (a frozen VM, a long GC pause) while it holds capped and limited
+    jobs: its lease expires, the maintenance role re-queues its jobs and they run elsewhere; when it
+    wakes up it finishes jobs that are no longer its own. Its late outcomes must change nothing: no
+    effect committed twice, and no slot given back twice (which would let a key, a channel or a
+    shared limit run more than its cap afterwards). The caps are checked on snapshots taken all
+    along: jobs running per key (1 in tenant-0, 2 in tenant-1) and in tenant-0 (3), and jobs holding
+    the limit (ready or running, 3)."""
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+        migrations.upgrade(server.url)
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(t.CREATE_EFFECTS)
+            fairqueue.configure_limit(conn, "api", max_concurrency=3)
+            fairqueue.configure_channel(conn, "tenant-0", max_concurrency=3, key_max_concurrency=1)
+            fairqueue.configure_channel(conn, "tenant-1", key_max_concurrency=2)
+            with conn.transaction():
+                ids = fairqueue.enqueue_many(
+                    conn,
+                    [
+                        t.effect.using(
+                            channel=f"tenant-{i % 2}", fair_key=f"user-{i % 5}", limits=["api"] if i % 3 == 0 else None
+                        ).spec(ms=20)
+                        for i in range(400)
+                    ],
+                )
+        fleet = fleet_for(server.url)
+        frozen = fleet.start("--no-maintenance")  # the role's holder would keep it while frozen
+        fleet.start()
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            wait_until(functools.partial(holds_jobs, conn, frozen), fleet, what="the worker to hold jobs")
+            frozen.send_signal(signal.SIGSTOP)
+            # its lease (2 s) expires, and the maintenance role re-queues its jobs as lost attempts and
+            # deletes its row (a finish it had sent before it froze may still have been recorded)
+            wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM fairqueue.worker WHERE (info->>'pid')::int = %s", (frozen.pid,)
+                    ).fetchone()
+                    == (0,)
+                ),
+                fleet,
+                what="the frozen worker's lease to expire",
+            )
+            assert conn.execute("SELECT count(*) FROM fairqueue.completed_job WHERE outcome = 'lost'").fetchone() != (
+                0,
+            )
+            frozen.send_signal(signal.SIGCONT)
+            most = [0, 0, 0, 0]
+
+            def caps_held_until_done() -> bool:
+                now = conn.execute(CAPS_NOW).fetchone()
+                assert now is not None
+                most[:] = [max(m, n) for m, n in zip(most, now, strict=True)]
+                assert now[0] <= 1 and now[1] <= 2 and now[2] <= 3 and now[3] <= 3, now
+                return succeeded(conn) == len(ids)
+
+            wait_until(caps_held_until_done, fleet, timeout=180, what="every job")
+            assert most[0] == 1 and most[3] >= 1, most  # the snapshots saw the queue at work
+            assert_every_job_ran_exactly_once(conn, ids)
+            assert conn.execute(
+                "SELECT held - coalesce((SELECT sum(n) FROM fairqueue.limit_release WHERE limit_name = name), 0)"
+                " FROM fairqueue.shared_limit"
+            ).fetchall() == [(0,)]
+            assert conn.execute("SELECT count(*) FROM fairqueue.channel_key WHERE running > 0").fetchone() == (0,)
+            assert conn.execute("SELECT coalesce(sum(running), 0) FROM fairqueue.channel").fetchone() == (0,)
+        codes = fleet.stop()
+        assert codes == [0, 0], f"{codes}\n{fleet.output()}"

@@ -103,7 +103,8 @@ def create_app(database_url: str | None = None, *, run_worker: bool | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_async_engine(url)
+        # pool_pre_ping: a pooled connection that a database restart cut is replaced, not handed to a request
+        engine = create_async_engine(url, pool_pre_ping=True)
         app.state.sessions = async_sessionmaker(engine, expire_on_commit=False)
         async with engine.begin() as conn:  # a real app has a migration for its table
             await conn.run_sync(Base.metadata.create_all)

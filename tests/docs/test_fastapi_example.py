@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import sys
 import textwrap
 import time
@@ -17,6 +18,8 @@ import httpx
 import psycopg
 import pytest
 
+from fairqueue import migrations
+from fairqueue.embedded import LocalPostgres
 from tests.conformance.conftest import async_url
 from tests.conftest import Connections
 from tests.docs.snippets import REPO, blocks
@@ -108,3 +111,28 @@ def test_the_python_blocks_of_the_fastapi_page_are_the_examples_code() -> None:
     assert python, "docs/fastapi.md shows no code of the example"
     for block in python:
         assert textwrap.dedent(block.text).strip() in source, f"{block.where} is not in {APP.relative_to(REPO)}"
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+def test_the_app_and_its_worker_ride_out_a_postgresql_restart(driver: str) -> None:
+    """A crash-restart of PostgreSQL between two requests: the next request gets a fresh connection
+    (the engine checks a pooled one before handing it out) instead of failing on the one the restart
+    cut, and the worker running in the app's process runs its job."""
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+        migrations.upgrade(server.url)
+        app = _example().create_app(async_url(server.url, driver), run_worker=True)
+
+        async def signup(client: httpx.AsyncClient, email: str) -> None:
+            created = await client.post("/signups", json={"tenant": "acme", "email": email})
+            assert created.status_code == 201, created.text
+            assert (await _until_finished(client, created.json()["job_id"]))["status"] == "succeeded"
+
+        async def scenario() -> None:
+            async with app.router.lifespan_context(app):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                    await signup(client, "before@example.com")
+                    await asyncio.to_thread(server.restart, mode="immediate")
+                    await signup(client, "after@example.com")
+
+        asyncio.run(scenario())

@@ -582,3 +582,33 @@ def test_a_worker_frozen_past_its_lease_neither_loses_jobs_nor_lets_a_cap_be_pas
             assert conn.execute("SELECT coalesce(sum(running), 0) FROM fairqueue.channel").fetchone() == (0,)
         codes = fleet.stop()
         assert codes == [0, 0], f"{codes}\n{fleet.output()}"
+
+
+def test_a_frozen_maintainer_hands_its_role_over_and_its_jobs_are_recovered(
+    conn: psycopg.Connection[Any], db_url: str, fleet_for: Callable[[str], Fleet], tmp_path: Path
+) -> None:
+    """The maintenance role is a lock held by a session; a worker frozen while it holds it (SIGSTOP, a
+    paused container) keeps that session open, and without more nobody would recover dead workers'
+    jobs, its own among them, until it woke up. Its session goes idle, the server ends it after
+    idle_session_timeout (the lease here, 5 s at least), another worker takes the role, and the frozen
+    worker's jobs run again."""
+    ids = enqueue_effects(conn, 600, ms=20)
+    fleet = fleet_for(db_url)
+    frozen = fleet.start()
+    wait_until(lambda: b"took the maintenance role" in (tmp_path / "worker-0.log").read_bytes(), fleet, what="the role")
+    other = fleet.start()
+    wait_until(functools.partial(holds_jobs, conn, frozen), fleet, what="the maintainer to hold jobs")
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: b"took the maintenance role" in (tmp_path / "worker-1.log").read_bytes(),
+            fleet,
+            timeout=60,
+            what="the other worker to take the role",
+        )
+        wait_until(lambda: succeeded(conn) == len(ids), fleet, what="every job, the frozen worker's too")
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    assert_every_job_ran_exactly_once(conn, ids)
+    assert other.poll() is None
+    assert fleet.stop() == [0, 0], fleet.output()

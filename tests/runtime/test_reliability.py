@@ -205,16 +205,9 @@ def test_workers_ride_out_a_postgresql_restart(fleet_for: Callable[[str], Fleet]
         fleet.start()
         fleet.start()
 
-        def done() -> int:
-            try:
-                with psycopg.connect(server.url, autocommit=True) as c:
-                    return succeeded(c)
-            except psycopg.OperationalError:
-                return 0  # the server is restarting
-
-        wait_until(lambda: done() >= 500, fleet, what="500 jobs")
+        wait_until(lambda: succeeded_on(server.url) >= 500, fleet, what="500 jobs")
         server.restart(mode="immediate")  # a crash: no checkpoint, every connection cut
-        wait_until(lambda: done() == len(ids), fleet, what="every job after the restart")
+        wait_until(lambda: succeeded_on(server.url) == len(ids), fleet, what="every job after the restart")
         assert len(fleet.alive()) == 2, fleet.output()
         with psycopg.connect(server.url, autocommit=True) as conn:
             assert_every_job_ran_exactly_once(conn, ids)
@@ -303,6 +296,47 @@ def test_sigterm_lets_a_running_job_finish_and_a_second_signal_aborts(
     assert count(conn, "worker") == 0
 
 
+def succeeded_on(url: str) -> int:
+    """Jobs that succeeded so far, on a server that may be restarting (then 0)."""
+    try:
+        with psycopg.connect(url, autocommit=True) as c:
+            return succeeded(c)
+    except psycopg.OperationalError:
+        return 0
+
+
+def kill_a_worker_holding_jobs(fleet: Fleet) -> None:
+    """SIGKILLs a worker of ``fleet`` that holds jobs and starts another, which is up when this returns
+    (a worker whose first connection finds no server at all exits: a crash may come next)."""
+    with psycopg.connect(fleet.url, autocommit=True) as c:
+        victim = next((p for p in fleet.alive() if holds_jobs(c, p)), None) or fleet.alive()[0]
+        wait_until(functools.partial(holds_jobs, c, victim), fleet, what="the victim to hold jobs")
+    victim.kill()
+    victim.wait()
+    fleet.start()
+    log = fleet.logs / f"worker-{len(fleet.procs) - 1}.log"
+    wait_until(lambda: b"worker started" in log.read_bytes(), fleet, what="the new worker to start")
+
+
+def kill_crash_kill(server: LocalPostgres, fleet: Fleet, jobs: int, marks: tuple[int, int, int]) -> None:
+    """Once marks[0] jobs have succeeded a worker holding jobs is killed (kill -9), at marks[1]
+    PostgreSQL crash-restarts (immediate shutdown), at marks[2] another worker is killed; then waits
+    for all ``jobs`` to succeed."""
+    faults = (
+        lambda: kill_a_worker_holding_jobs(fleet),
+        lambda: server.restart(mode="immediate"),
+        lambda: kill_a_worker_holding_jobs(fleet),
+    )
+
+    def reached_on(mark: int) -> bool:
+        return succeeded_on(server.url) >= mark
+
+    for mark, fault in zip(marks, faults, strict=True):
+        wait_until(functools.partial(reached_on, mark), fleet, what=f"{mark} jobs")
+        fault()
+    wait_until(lambda: succeeded_on(server.url) == jobs, fleet, timeout=180, what="every job")
+
+
 def test_kill_9_and_a_crash_of_postgresql_leave_no_slot_of_a_key_cap_or_a_shared_limit_held(
     fleet_for: Callable[[str], Fleet],
 ) -> None:
@@ -334,33 +368,7 @@ def test_kill_9_and_a_crash_of_postgresql_leave_no_slot_of_a_key_cap_or_a_shared
         for _ in range(3):
             fleet.start()
 
-        def done() -> int:
-            try:
-                with psycopg.connect(server.url, autocommit=True) as c:
-                    return succeeded(c)
-            except psycopg.OperationalError:
-                return 0  # the server is restarting
-
-        def kill_a_worker_holding_jobs() -> None:
-            with psycopg.connect(server.url, autocommit=True) as c:
-                victim = next((p for p in fleet.alive() if holds_jobs(c, p)), None) or random.Random(
-                    len(fleet.procs)
-                ).choice(fleet.alive())
-                wait_until(functools.partial(holds_jobs, c, victim), fleet, what="the victim to hold jobs")
-            victim.kill()
-            victim.wait()
-            fleet.start()
-            # up before the crash below (a worker whose first connection finds no server at all exits)
-            log = fleet.logs / f"worker-{len(fleet.procs) - 1}.log"
-            wait_until(lambda: b"worker started" in log.read_bytes(), fleet, what="the new worker to start")
-
-        wait_until(lambda: done() >= 250, fleet, what="250 jobs")
-        kill_a_worker_holding_jobs()
-        wait_until(lambda: done() >= 600, fleet, what="600 jobs")
-        server.restart(mode="immediate")
-        wait_until(lambda: done() >= 1000, fleet, what="1,000 jobs")
-        kill_a_worker_holding_jobs()
-        wait_until(lambda: done() == len(ids), fleet, timeout=180, what="every job")
+        kill_crash_kill(server, fleet, len(ids), (250, 600, 1000))
         with psycopg.connect(server.url, autocommit=True) as conn:
             outcomes = assert_every_job_ran_exactly_once(conn, ids)
             assert outcomes.get("lost", 0) >= 2, outcomes  # the killed workers' jobs, recorded and re-run
@@ -451,30 +459,7 @@ def test_kill_9_and_a_crash_of_postgresql_keep_fifo_order_dependencies_retries_a
         for _ in range(3):
             fleet.start()
 
-        def done() -> int:
-            try:
-                with psycopg.connect(server.url, autocommit=True) as c:
-                    return succeeded(c)
-            except psycopg.OperationalError:
-                return 0  # the server is restarting
-
-        def kill_a_worker_holding_jobs() -> None:
-            with psycopg.connect(server.url, autocommit=True) as c:
-                victim = next((p for p in fleet.alive() if holds_jobs(c, p)), None) or fleet.alive()[0]
-                wait_until(functools.partial(holds_jobs, c, victim), fleet, what="the victim to hold jobs")
-            victim.kill()
-            victim.wait()
-            fleet.start()
-            log = fleet.logs / f"worker-{len(fleet.procs) - 1}.log"
-            wait_until(lambda: b"worker started" in log.read_bytes(), fleet, what="the new worker to start")
-
-        wait_until(lambda: done() >= 200, fleet, what="200 jobs")
-        kill_a_worker_holding_jobs()
-        wait_until(lambda: done() >= 450, fleet, what="450 jobs")
-        server.restart(mode="immediate")
-        wait_until(lambda: done() >= 700, fleet, what="700 jobs")
-        kill_a_worker_holding_jobs()
-        wait_until(lambda: done() == len(every), fleet, timeout=180, what="every job")
+        kill_crash_kill(server, fleet, len(every), (200, 450, 700))
         with psycopg.connect(server.url, autocommit=True) as conn:
             assert_every_job_ran_exactly_once(conn, every)
             # each flaky job failed its first attempt (or lost it to a kill) and succeeded later

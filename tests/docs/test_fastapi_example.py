@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from fairqueue import migrations
-from fairqueue.embedded import LocalPostgres
+from fairqueue.embedded import FAST_SETTINGS, LocalPostgres
 from tests.conformance.conftest import async_url
 from tests.conftest import Connections
 from tests.docs.snippets import REPO, blocks
@@ -118,7 +118,9 @@ def test_the_app_and_its_worker_ride_out_a_postgresql_restart(driver: str) -> No
     """A crash-restart of PostgreSQL between two requests: the next request gets a fresh connection
     (the engine checks a pooled one before handing it out) instead of failing on the one the restart
     cut, and the worker running in the app's process runs its job."""
-    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+    # synchronous_commit on: the crash must not take back the table and the rows the first request made
+    settings = dict(FAST_SETTINGS, synchronous_commit="on")
+    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None, settings=settings) as server:
         migrations.upgrade(server.url)
         app = _example().create_app(async_url(server.url, driver), run_worker=True)
 

@@ -296,6 +296,15 @@ def test_sigterm_lets_a_running_job_finish_and_a_second_signal_aborts(
     assert count(conn, "worker") == 0
 
 
+def crash_safe_postgres() -> LocalPostgres:
+    """A server of its own for a test that crash-restarts it: the test settings, but with every commit
+    written out before it is acknowledged (synchronous_commit on), so the crash loses no commit a
+    worker or the test was told of. (fsync may stay off: the server process crashes, not the host.)"""
+    return LocalPostgres(
+        bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None, settings=dict(FAST_SETTINGS, synchronous_commit="on")
+    )
+
+
 def succeeded_on(url: str) -> int:
     """Jobs that succeeded so far, on a server that may be restarting (then 0)."""
     try:
@@ -345,7 +354,7 @@ def test_kill_9_and_a_crash_of_postgresql_leave_no_slot_of_a_key_cap_or_a_shared
     killed while they hold capped and limited jobs (their leases expire) and PostgreSQL crashing. A
     slot counted but held by no job would keep its key parked, or its limit full, for good: here
     every job still runs exactly once, and every count is back to zero when the queue is empty."""
-    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+    with crash_safe_postgres() as server:
         migrations.upgrade(server.url)
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(t.CREATE_EFFECTS)
@@ -438,7 +447,7 @@ def test_kill_9_and_a_crash_of_postgresql_keep_fifo_order_dependencies_retries_a
     after its backoff, a delayed job coming due) under the same faults: every job still runs once,
     a FIFO key's jobs run one at a time in enqueue order, and no job starts before the job it waits
     on has succeeded."""
-    with LocalPostgres(bindir=os.environ.get("FAIRQUEUE_TEST_PG_BINDIR") or None) as server:
+    with crash_safe_postgres() as server:
         migrations.upgrade(server.url)
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(t.CREATE_EFFECTS)

@@ -32,15 +32,11 @@ import queue
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from types import FrameType
-from typing import Any
 
-import psycopg
-
-from fairqueue._db import db_error_text, server_not_ready
+from fairqueue._db import db_error_text
 from fairqueue.consumer import deregister_worker, register_worker
 from fairqueue.errors import ConfigurationError
 from fairqueue.metrics import Metrics
@@ -197,7 +193,8 @@ class Worker:
     # -- main loop ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        conn = self._connect_at_start()
+        # a worker started while PostgreSQL restarts waits for it, as a running worker does
+        conn = self._db.open_when_ready(wait=START_WAIT, stop=self._lifecycle.stopping)
         if conn is None:
             log.info("stopped before the database accepted connections")
             return EXIT_ABORTED if self._lifecycle.aborted.is_set() else EXIT_OK
@@ -222,29 +219,6 @@ class Worker:
         finally:
             self._shutdown()
         return EXIT_ABORTED if self._lifecycle.aborted.is_set() else EXIT_OK
-
-    def _connect_at_start(self) -> psycopg.Connection[Any] | None:
-        """The dispatcher's first connection. Fails fast (with the caller's error handling) if the
-        database cannot be reached, except while the server answers that it is not ready: starting
-        up, shutting down, in crash recovery, a standby (SQLSTATE 57P03, which libpq reports only as
-        text). A worker started while PostgreSQL restarts then waits, up to ``START_WAIT`` seconds, as
-        a running worker does. None if the worker was told to stop meanwhile."""
-        deadline = time.monotonic() + START_WAIT
-        failures = 0
-        while True:
-            try:
-                return self._db.get()
-            except psycopg.OperationalError as exc:
-                if not server_not_ready(exc) or time.monotonic() >= deadline:
-                    raise
-                failures += 1
-                delay = min(self.config.reconnect_max, 0.05 * 2 ** min(failures, 10))
-                log.warning(
-                    "the database does not accept connections yet; waiting",
-                    extra={"error": db_error_text(exc), "retry_in": round(delay, 3)},
-                )
-                if self._lifecycle.stopping.wait(delay):
-                    return None
 
     def _register(self) -> None:
         names = self.tasks.names()

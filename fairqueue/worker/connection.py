@@ -12,12 +12,13 @@ import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from fairqueue._db import db_error_text
+from fairqueue._db import db_error_text, server_not_ready
 from fairqueue.errors import UnknownWorkerError
 from fairqueue.metrics import Metrics
 from fairqueue.worker.config import WorkerConfig
@@ -46,6 +47,34 @@ class Connection:
             )
         return self.conn
 
+    def open_when_ready(self, *, wait: float, stop: threading.Event) -> psycopg.Connection[Any] | None:
+        """The connection, opened for the first time. Raises at once if the database cannot be reached
+        (the caller's error handling says why), except while the server answers that it is not ready:
+        starting up, shutting down, in crash recovery, a standby (SQLSTATE 57P03, which libpq reports
+        only as text). Then it tries again with :meth:`backoff`, for up to ``wait`` seconds, as a call
+        would. None if ``stop`` is set meanwhile."""
+        deadline = time.monotonic() + wait
+        failures = 0
+        while True:
+            try:
+                return self.get()
+            except psycopg.OperationalError as exc:
+                if not server_not_ready(exc) or time.monotonic() >= deadline:
+                    raise
+                failures += 1
+                delay = self.backoff(failures)
+                log.warning(
+                    "the database does not accept connections yet; waiting",
+                    extra={"connection": self.role, "error": db_error_text(exc), "retry_in": round(delay, 3)},
+                )
+                if stop.wait(delay):
+                    return None
+
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait before trying again after ``failures`` failures in a row: from 50 ms, doubling
+        up to ``reconnect_max``, with jitter so a fleet does not come back all at once."""
+        return float(min(self.config.reconnect_max, 0.05 * 2 ** min(failures, 10)) * random.uniform(0.5, 1))
+
     def close(self) -> None:
         if self.conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection may fail; it is gone anyway
@@ -71,7 +100,7 @@ class Connection:
                     self.reopened += 1
                     self.metrics.reconnected(self.role)
                 failures += 1
-                delay = min(self.config.reconnect_max, 0.05 * 2 ** min(failures, 10)) * random.uniform(0.5, 1)
+                delay = self.backoff(failures)
                 log.warning(
                     "database call failed; retrying",
                     extra={

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 import fairqueue
+import fairqueue.worker
 from fairqueue import migrations
 from fairqueue.embedded import FAST_SETTINGS, LocalPostgres
 from tests import worker_tasks as t
@@ -408,7 +409,7 @@ def _as_standby(server: LocalPostgres) -> Callable[[], None]:
 
 
 def test_a_worker_started_while_postgresql_is_not_ready_waits_for_it(
-    fleet_for: Callable[[str], Fleet], tmp_path: Path
+    fleet_for: Callable[[str], Fleet], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that starts while the server refuses connections because it is not ready (starting
     up, recovering from a crash, a standby being promoted) waits for it instead of exiting, and a
@@ -433,6 +434,10 @@ def test_a_worker_started_while_postgresql_is_not_ready_waits_for_it(
         assert stopped.wait(30) == 0, fleet.output()
         assert "stopped before the database accepted connections" in (tmp_path / "worker-1.log").read_text()
         assert waiting.poll() is None, fleet.output()
+        # the wait is bounded: past it, the server's answer is the error (the command prints it, exit 1)
+        monkeypatch.setattr(fairqueue.worker, "START_WAIT", 0.3)
+        with pytest.raises(psycopg.OperationalError, match="not accepting connections"):
+            fairqueue.worker.Worker(fairqueue.worker.WorkerConfig(database_url=server.url)).run()
         promote()
         with psycopg.connect(server.url, autocommit=True) as conn:
             wait_until(lambda: _final(conn, job) == "succeeded", fleet, 60, "the job after the promotion")

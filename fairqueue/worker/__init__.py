@@ -93,8 +93,8 @@ class Worker:
         self.metrics = metrics or Metrics()
         self.libpq_url = to_libpq(config.database_url)
 
-        def connection(role: str) -> Connection:
-            return Connection(role, self.libpq_url, config, self.metrics, self._lifecycle.aborted)
+        def connection(role: str, settings: dict[str, str] | None = None) -> Connection:
+            return Connection(role, self.libpq_url, config, self.metrics, self._lifecycle.aborted, settings)
 
         self._lifecycle = Lifecycle()
         self._registration = Registration()
@@ -128,7 +128,14 @@ class Worker:
         self._listener = Listener(
             config, connection("listener"), self._lifecycle, self._registration, self._inbox, self.metrics
         )
-        self._maintenance = MaintenanceRole(config, connection("maintenance"), self._lifecycle, self._registration)
+        self._maintenance = MaintenanceRole(
+            config,
+            connection(
+                "maintenance", {"idle_session_timeout": f"{round(MaintenanceRole.idle_timeout(config) * 1000)}ms"}
+            ),
+            self._lifecycle,
+            self._registration,
+        )
         self._threads: dict[str, threading.Thread] = {}  # the threads shutdown waits for, by name
 
     # -- what other code reads ------------------------------------------------------------------------

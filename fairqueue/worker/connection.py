@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -30,21 +30,35 @@ class Connection:
     """An autocommit connection reopened with backoff when it breaks; used by one thread only."""
 
     def __init__(
-        self, role: str, libpq_url: str, config: WorkerConfig, metrics: Metrics, aborted: threading.Event
+        self,
+        role: str,
+        libpq_url: str,
+        config: WorkerConfig,
+        metrics: Metrics,
+        aborted: threading.Event,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.role = role
         self.libpq_url = libpq_url
         self.config = config
         self.metrics = metrics
         self.aborted = aborted  # an aborting worker stops waiting to retry
+        self.settings = dict(settings or {})  # session settings, set on every connection it opens
         self.conn: psycopg.Connection[Any] | None = None
         self.reopened = 0
 
     def get(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed:
-            self.conn = psycopg.connect(
+            conn = psycopg.connect(
                 self.libpq_url, autocommit=True, application_name=f"fairqueue {self.role}", connect_timeout=10
             )
+            try:
+                for name, value in self.settings.items():
+                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            except BaseException:
+                conn.close()
+                raise
+            self.conn = conn
         return self.conn
 
     def open_when_ready(self, *, wait: float, stop: threading.Event) -> psycopg.Connection[Any] | None:

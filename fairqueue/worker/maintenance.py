@@ -31,30 +31,23 @@ class MaintenanceRole:
     registration: Registration
     is_maintainer: bool = False
 
-    @property
-    def idle_timeout(self) -> float:
-        """Seconds the role's session may sit idle before the server ends it (``idle_session_timeout``):
-        the lease, and at least five chores' intervals (the session is idle about one between ticks)."""
-        return max(self.config.lease, 5 * self.config.maintenance_interval)
+    @staticmethod
+    def idle_timeout(config: WorkerConfig) -> float:
+        """Seconds the role's session may sit idle before the server ends it (``idle_session_timeout``,
+        which the worker sets on this thread's connection). A worker frozen while it holds the role
+        (SIGSTOP, a paused container, a debugger) keeps its connection open, and with it the lock:
+        nobody would recover dead workers' jobs until it woke up. Its session goes idle instead, and
+        the server ends it after this long, which frees the role for another worker. The lease, and at
+        least five chores' intervals (the session is idle about one between ticks)."""
+        return max(config.lease, 5 * config.maintenance_interval)
 
     def run(self) -> None:
         db = self.db
         maintainer = Maintainer(days_ahead=self.config.partition_days_ahead)
         stopped = self.lifecycle.stopped
-        timed: object = None  # the connection whose idle_session_timeout is set
         while not stopped.is_set():
             try:
                 conn = db.get()
-                if conn is not timed:
-                    # A worker frozen while it holds the role (SIGSTOP, a paused container, a debugger)
-                    # keeps its connection open, and with it the lock: nobody would recover dead
-                    # workers' jobs until it woke up. Its session goes idle instead, and the server ends
-                    # it after this long, which frees the role for another worker.
-                    conn.execute(
-                        "SELECT set_config('idle_session_timeout', %s, false)",
-                        (f"{round(self.idle_timeout * 1000)}ms",),
-                    )
-                    timed = conn
                 if not self.is_maintainer:
                     self.is_maintainer = try_become_maintainer(conn)
                     if self.is_maintainer:

@@ -608,6 +608,13 @@ def test_a_frozen_maintainer_hands_its_role_over_and_its_jobs_are_recovered(
         wait_until(lambda: succeeded(conn) == len(ids), fleet, what="every job, the frozen worker's too")
     finally:
         frozen.send_signal(signal.SIGCONT)
+
+    # awake, it finds its session gone and its lease expired (docs/operations.md says so)
+    def said(line: bytes) -> bool:
+        return line in (tmp_path / "worker-0.log").read_bytes()
+
+    for line in (b"lost the maintenance role with its connection", b"lease expired; registering again"):
+        wait_until(functools.partial(said, line), fleet, what=line.decode())
     assert_every_job_ran_exactly_once(conn, ids)
     assert other.poll() is None
     assert fleet.stop() == [0, 0], fleet.output()

@@ -4,13 +4,15 @@ cost flat" target, measured against a prototype of the design docs/benchmarks.md
     python -m benchmarks.keyed_order                      # 1,000,000 jobs, 10,000 channels x 100 keys
     python -m benchmarks.keyed_order --quick --no-doc     # smoke run
 
-Three databases on one server, each filled as ``benchmarks.claim_latency --scenario JOBSxCHANNELS``
+Four databases on one server, each filled as ``benchmarks.claim_latency --scenario JOBSxCHANNELS``
 fills its queue: without fair keys; with --keys keys per channel and the schema as it is (a row per key
-in turn in ``channel_key``, which a claim reads, charges, and deletes when the key runs dry); and the
-same keyed queue with the prototype. All three run claim_latency's steady loop (enqueue 10 jobs into
-random channels and keys, time one claim of 10, finish them) in blocks of 100 rounds, the three
-taking turns block by block (the first 5 claims of a block are not timed), after 50 warm-up rounds and
-a VACUUM. Prints each claim's p50 and p95 and its p50 against the unkeyed claim's.
+in turn in ``channel_key``, which a claim reads, charges, and deletes when the key runs dry); the same
+keyed queue with the prototype in ``_take_keyed``; and with the prototype's take folded into the
+claim's own statement that takes the unkeyed channels' jobs (no call of ``_take_keyed``). All four run
+claim_latency's steady loop (enqueue 10 jobs into random channels and keys, time one claim of 10,
+finish them) in blocks of 100 rounds, taking turns block by block (the first 5 claims of a block are
+not timed), after 50 warm-up rounds and a VACUUM. Prints each claim's p50 and p95 and its p50
+against the unkeyed claim's.
 
 The prototype is a measurement, not fairqueue. Each ready keyed job carries a slot, its place in its
 key's turns (``running_job.key_slot``: the key's last slot + 1, set by a trigger as the job becomes
@@ -35,7 +37,7 @@ from typing import Any
 import psycopg
 
 import fairqueue
-from benchmarks._common import parser, session
+from benchmarks._common import ROOT, parser, session
 from benchmarks.claim_latency import fill
 from fairqueue import migrations
 
@@ -98,7 +100,50 @@ BEGIN
 END $$;
 """
 
-SYSTEMS = ("no keys", "keys (schema)", "keys (prototype)")
+# The same order taken in the claim's own statement that takes the unkeyed channels' jobs (the claim
+# as the schema has it, with three edits): no call of _take_keyed, one index range per channel.
+IN_THE_TAKE = [
+    (
+        """        IF true = ANY (v_keyed) THEN
+            SELECT * INTO v_take FROM fairqueue._take_keyed(""",
+        """        IF false THEN
+            SELECT * INTO v_take FROM fairqueue._take_keyed(""",
+    ),
+    (
+        "CASE WHEN u.keyed THEN coalesce(v_kmore[u.i], false)",
+        """CASE WHEN u.keyed THEN u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                         WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                           AND (r.key_slot, r.job_id) > (coalesce(k.slots[cardinality(k.slots)], -1),
+                                                         coalesce(k.ids[cardinality(k.ids)], 0))
+                         ORDER BY r.channel, r.key_slot, r.job_id LIMIT 1) IS NOT NULL""",
+    ),
+    (
+        """                SELECT array_agg(x.id ORDER BY x.o) AS ids
+                FROM unnest(v_kpos, v_kids) WITH ORDINALITY AS x(pos, id, o)
+                WHERE u.keyed AND x.pos = u.i""",
+        """                SELECT array_agg(h.job_id ORDER BY h.key_slot, h.job_id) AS ids,
+                       array_agg(h.key_slot ORDER BY h.key_slot, h.job_id) AS slots
+                FROM (SELECT r.job_id, r.key_slot FROM fairqueue.running_job r
+                      WHERE u.n > 0 AND u.keyed AND r.channel = u.name AND r.worker_id IS NULL
+                        AND r.fair_key IS NOT NULL
+                      ORDER BY r.channel, r.key_slot, r.job_id LIMIT u.n FOR UPDATE SKIP LOCKED) AS h""",
+    ),
+]
+
+
+def claim_in_the_take() -> str:
+    """The claim function of the schema with IN_THE_TAKE's edits, as CREATE OR REPLACE."""
+    text = (ROOT / "fairqueue" / "sql" / "schema" / "30_claim.sql").read_text()
+    start = text.index("CREATE FUNCTION fairqueue.claim(")
+    sql = text[start : text.index("END $$;", start) + len("END $$;")]
+    for old, new in IN_THE_TAKE:
+        if sql.count(old) != 1:
+            raise SystemExit(f"the claim no longer has this text, update IN_THE_TAKE: {old[:60]!r}")
+        sql = sql.replace(old, new)
+    return sql.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+SYSTEMS = ("no keys", "keys (schema)", "keys (prototype)", "keys (prototype, in the take)")
 
 
 def _round(conn: psycopg.Connection[Any], worker: int, rng: random.Random, channels: int, keys: int) -> float:
@@ -142,8 +187,10 @@ def main(argv: list[str] | None = None) -> None:
                 migrations.upgrade(url)
                 conn = conns[name] = psycopg.connect(url, autocommit=True)
                 fill(conn, args.jobs, args.channels, keys=args.keys if n else 0)
-                if name == "keys (prototype)":
+                if name.startswith("keys (prototype"):
                     conn.execute(PROTOTYPE)
+                if name == "keys (prototype, in the take)":
+                    conn.execute(claim_in_the_take())
                     conn.execute("VACUUM ANALYZE fairqueue.running_job")
             state = {
                 name: (fairqueue.register_worker(conns[name], "bench", lease_seconds=3600), random.Random(7))

@@ -4,11 +4,13 @@ cost flat" target, measured against a prototype of the design docs/benchmarks.md
     python -m benchmarks.keyed_order                      # 1,000,000 jobs, 10,000 channels x 100 keys
     python -m benchmarks.keyed_order --quick --no-doc     # smoke run
 
-Four databases on one server, each filled as ``benchmarks.claim_latency --scenario JOBSxCHANNELS``
+Five databases on one server, each filled as ``benchmarks.claim_latency --scenario JOBSxCHANNELS``
 fills its queue: without fair keys; with --keys keys per channel and the schema as it is (a row per key
 in turn in ``channel_key``, which a claim reads, charges, and deletes when the key runs dry); the same
-keyed queue with the prototype in ``_take_keyed``; and with the prototype's take folded into the
-claim's own statement that takes the unkeyed channels' jobs (no call of ``_take_keyed``). All four run
+keyed queue with the prototype in ``_take_keyed``; with the prototype's take folded into the claim's
+own statement that takes the unkeyed channels' jobs (no call of ``_take_keyed``); and with the
+prototype's take plus the look-ups that priorities within a key would need (which keys the lowest
+slots belong to, then each such key's jobs by priority: one index descent per key). All five run
 claim_latency's steady loop (enqueue 10 jobs into random channels and keys, time one claim of 10,
 finish them) in blocks of 100 rounds, taking turns block by block (the first 5 claims of a block are
 not timed), after 50 warm-up rounds and a VACUUM. Prints each claim's p50 and p95 and its p50
@@ -143,7 +145,57 @@ def claim_in_the_take() -> str:
     return sql.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
-SYSTEMS = ("no keys", "keys (schema)", "keys (prototype)", "keys (prototype, in the take)")
+# The prototype's take with the look-ups that priorities within a key would need: which keys the
+# lowest slots of a channel belong to (an index range, no lock), then each of those keys' jobs by
+# priority (one index descent per key, as the schema's take does). (A job taken ahead of its slot
+# would then hand its slot to the job whose turn it took; with one priority, as here, none is.)
+BY_PRIORITY = """
+CREATE OR REPLACE FUNCTION fairqueue._take_keyed(p_channels text[], p_ns integer[], p_caps integer[],
+                                                 p_now timestamptz, OUT pos integer[], OUT ids bigint[],
+                                                 OUT more boolean[], OUT locked boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    locked := false;
+    WITH chosen AS MATERIALIZED (
+        SELECT u.i, u.name, c.fair_key, count(*)::integer AS n
+        FROM unnest(p_channels, p_ns) WITH ORDINALITY AS u(name, n, i)
+        CROSS JOIN LATERAL (
+            SELECT r.fair_key, r.key_slot, r.job_id FROM fairqueue.running_job r
+            WHERE u.n > 0 AND r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+            ORDER BY r.channel, r.key_slot, r.job_id LIMIT u.n
+        ) AS c
+        GROUP BY u.i, u.name, c.fair_key
+    ),
+    took AS MATERIALIZED (
+        SELECT ch.i, t.job_id, t.rank
+        FROM chosen ch
+        CROSS JOIN LATERAL (
+            SELECT r.job_id, r.rank FROM fairqueue.running_job r
+            WHERE r.channel = ch.name AND r.fair_key = ch.fair_key AND r.worker_id IS NULL
+            ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT ch.n FOR UPDATE SKIP LOCKED
+        ) AS t
+    ),
+    heads AS (
+        SELECT u.i, u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                            WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                              AND r.job_id <> ALL (ARRAY(SELECT t.job_id FROM took t WHERE t.i = u.i))
+                            ORDER BY r.channel, r.key_slot, r.job_id LIMIT 1) IS NOT NULL AS more
+        FROM unnest(p_channels, p_ns) WITH ORDINALITY AS u(name, n, i)
+    )
+    SELECT coalesce((SELECT array_agg(t.i ORDER BY t.i, t.rank, t.job_id) FROM took t), '{}'),
+           coalesce((SELECT array_agg(t.job_id ORDER BY t.i, t.rank, t.job_id) FROM took t), '{}'),
+           ARRAY(SELECT h.more FROM heads h ORDER BY h.i)
+    INTO pos, ids, more;
+END $$;
+"""
+
+SYSTEMS = (
+    "no keys",
+    "keys (schema)",
+    "keys (prototype)",
+    "keys (prototype, in the take)",
+    "keys (prototype, by priority)",
+)
 
 
 def _round(conn: psycopg.Connection[Any], worker: int, rng: random.Random, channels: int, keys: int) -> float:
@@ -191,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
                     conn.execute(PROTOTYPE)
                 if name == "keys (prototype, in the take)":
                     conn.execute(claim_in_the_take())
+                if name == "keys (prototype, by priority)":
+                    conn.execute(BY_PRIORITY)
                     conn.execute("VACUUM ANALYZE fairqueue.running_job")
             state = {
                 name: (fairqueue.register_worker(conns[name], "bench", lease_seconds=3600), random.Random(7))

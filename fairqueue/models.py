@@ -89,6 +89,8 @@ class Channel(Base):
     keyed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))  # has fair keys in turn
     # at most this many running jobs per fair key (None: no cap); counted in ChannelKey.running
     key_max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    # without a cap per key: the slot of the next turn of the channel's jobs without a key
+    blank_slot: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
 
 
 class ChannelKey(Base):
@@ -136,6 +138,8 @@ class ChannelActive(Base):
         primary_key=True,
     )
     active: Mapped[bool] = mapped_column(Boolean)
+    # keyed, without a cap per key: its keys take turns by their jobs' slots (RunningJob.key_slot)
+    slotted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class Job(Base):
@@ -187,6 +191,21 @@ class RunningJob(Base):
             "job_id",
             postgresql_where=text("worker_id IS NULL AND fair_key IS NOT NULL"),
         ),
+        Index(
+            "running_job_slot_idx",
+            "channel",
+            "key_slot",
+            "rank",
+            "job_id",
+            postgresql_where=text("worker_id IS NULL AND fair_key IS NOT NULL"),
+        ),
+        Index(
+            "running_job_jump_idx",
+            "channel",
+            "fair_key",
+            "key_slot",
+            postgresql_where=text("worker_id IS NULL AND key_jump"),
+        ),
         Index("running_job_worker_idx", "worker_id", postgresql_where=text("worker_id IS NOT NULL")),
         {
             "postgresql_with": {
@@ -206,6 +225,9 @@ class RunningJob(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     rank: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))  # minus the job's priority
     fair_key: Mapped[str | None] = mapped_column(Text)  # a copy of the job's: which ready index holds it
+    key_slot: Mapped[int | None] = mapped_column(BigInteger)  # a ready keyed job's turn of its key
+    # ready ahead of a job of its key with a later slot: its key's slots go to the key's head jobs
+    key_jump: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class ScheduledJob(Base):

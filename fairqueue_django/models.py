@@ -74,6 +74,8 @@ class RunningJob(ReadOnlyModel):
     cancel_requested = models.BooleanField()
     rank = models.SmallIntegerField()  # minus the job's priority (the ready index's order)
     fair_key = models.TextField("fair key", null=True)  # a copy of the job's
+    key_slot = models.BigIntegerField("key slot", null=True)  # a ready keyed job's turn of its key
+    key_jump = models.BooleanField("ahead of its key's order")  # its key's slots go to its head jobs
 
     class Meta:
         managed = False
@@ -354,6 +356,7 @@ class Channel(ReadOnlyModel):
     eligible = models.BooleanField()
     keyed = models.BooleanField()  # its jobs may have fair keys: they take turns by key
     key_max_concurrency = models.IntegerField("max concurrency per fair key", null=True, blank=True)
+    blank_slot = models.BigIntegerField("slot of the jobs without a key")  # their turn among the keys
 
     objects: ClassVar[Any] = QueueManager.from_queryset(ChannelQuerySet)()
 

@@ -16,6 +16,25 @@ import psycopg
 
 import fairqueue
 
+# The fair keys in turn, as (channel, fair_key): in a channel that caps its keys, its channel_key rows
+# in turn; in a keyed channel without a cap per key, every key with a ready job (its slot puts it in
+# turn), and '' while the channel has ready jobs without a key (schema/35_fair_keys.sql).
+SLOTTED_KEYS_IN_TURN = """
+    SELECT DISTINCT r.channel, coalesce(r.fair_key, '') FROM fairqueue.running_job r
+    JOIN fairqueue.channel c ON c.name = r.channel AND c.keyed AND c.key_max_concurrency IS NULL
+    WHERE r.worker_id IS NULL
+"""
+KEYS_IN_TURN = f"SELECT k.channel, k.fair_key FROM fairqueue.channel_key k WHERE k.in_turn UNION {SLOTTED_KEYS_IN_TURN}"
+
+
+def key_rows(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """Every fair key with a place in its channel's turns, in order: the rows of channel_key (in turn
+    or out of turn, holding a count under a cap per key) and the keys in turn by their slots."""
+    return conn.execute(
+        f"SELECT * FROM (SELECT channel, fair_key FROM fairqueue.channel_key UNION {SLOTTED_KEYS_IN_TURN}) AS t "
+        "ORDER BY 1, 2"
+    ).fetchall()
+
 
 def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     """Checks the invariants that tie the tables together; call it after any concurrent scenario."""
@@ -77,26 +96,46 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert not stranded, f"channels with ready jobs that no claim will look at: {stranded}"
 
-    # a ready job with a fair key is taken only while its key is in its channel's turns (channel_key,
-    # with channel.keyed set), or about to be (a wakeup names the key)
+    # a ready job with a fair key is taken only while its key is in its channel's turns (with
+    # channel.keyed set: by its slot in a channel without a cap per key, by its key's channel_key row in
+    # one with a cap), or about to be (a wakeup names the key)
     stranded_keys = conn.execute(
         f"""
         SELECT DISTINCT r.channel, r.fair_key FROM fairqueue.running_job r
+        LEFT JOIN fairqueue.channel c ON c.name = r.channel
         WHERE r.worker_id IS NULL AND r.fair_key IS NOT NULL AND NOT {at_cap}
-          AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
-                          WHERE k.channel = r.channel AND k.fair_key = r.fair_key AND c.keyed AND k.in_turn)
+          AND NOT coalesce(c.keyed AND CASE WHEN c.key_max_concurrency IS NULL THEN r.key_slot IS NOT NULL
+                                            ELSE EXISTS (SELECT 1 FROM fairqueue.channel_key k
+                                                         WHERE k.channel = r.channel AND k.fair_key = r.fair_key
+                                                           AND k.in_turn) END, false)
           AND NOT EXISTS (SELECT 1 FROM fairqueue.channel_wakeup w
                           WHERE w.channel = r.channel AND w.fair_key = r.fair_key)
         """
     ).fetchall()
     assert not stranded_keys, f"fair keys with ready jobs that no claim will take: {stranded_keys}"
+    # every ready keyed job has a slot; a channel without a cap per key keeps no key rows; producers
+    # that find a channel slotted rely on channel_active.slotted being the channel's
+    unslotted = conn.execute(
+        "SELECT job_id FROM fairqueue.running_job WHERE worker_id IS NULL AND fair_key IS NOT NULL AND key_slot IS NULL"
+    ).fetchall()
+    assert not unslotted, f"ready keyed jobs without a slot: {unslotted}"
+    uncapped_rows = conn.execute(
+        """SELECT k.channel, k.fair_key FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
+           WHERE c.key_max_concurrency IS NULL LIMIT 10"""
+    ).fetchall()
+    assert not uncapped_rows, f"key rows in channels without a cap per key: {uncapped_rows}"
+    miscopied = conn.execute(
+        """SELECT c.name FROM fairqueue.channel c JOIN fairqueue.channel_active a ON a.name = c.name
+           WHERE a.slotted <> (c.keyed AND c.key_max_concurrency IS NULL) OR a.active <> c.active LIMIT 10"""
+    ).fetchall()
+    assert not miscopied, f"channel_active differs from channel: {miscopied}"
 
     # an idle channel has no key in turn: no claim looks at it, so a key in turn there would not be
     # served, and a producer that finds the key in turn leaves no wakeup for it (schema/35_fair_keys.sql)
     idle_turns = conn.execute(
-        """
-        SELECT k.channel, k.fair_key FROM fairqueue.channel_key k JOIN fairqueue.channel c ON c.name = k.channel
-        WHERE k.in_turn AND NOT c.active ORDER BY 1, 2 LIMIT 10
+        f"""
+        SELECT t.channel, t.fair_key FROM ({KEYS_IN_TURN}) AS t JOIN fairqueue.channel c ON c.name = t.channel
+        WHERE NOT c.active ORDER BY 1, 2 LIMIT 10
         """
     ).fetchall()
     assert not idle_turns, f"keys in turn in idle channels: {idle_turns}"

@@ -19,7 +19,7 @@ import pytest
 import fairqueue
 from fairqueue import Outcome
 from tests.conftest import Connections
-from tests.helpers import assert_consistent, drain
+from tests.helpers import assert_consistent, drain, key_rows
 
 
 def _enqueue(db: psycopg.Connection[Any], kind: str, channel: str, key: str | None, priority: int = 0) -> int:
@@ -43,7 +43,7 @@ def _kinds(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
 
 
 def _keys_in_turn(db: psycopg.Connection[Any]) -> list[tuple[str, str]]:
-    return db.execute("SELECT channel, fair_key FROM fairqueue.channel_key ORDER BY 1, 2").fetchall()
+    return key_rows(db)
 
 
 def test_a_one_job_key_goes_next_while_another_key_of_the_channel_floods(

@@ -3,7 +3,12 @@ no key is left out of the turns with a ready job (schema/10_enqueue.sql, _cover_
 
 A producer under READ COMMITTED takes the key's advisory lock shared and reads whether the key is in
 turn; a claim lets a dry key leave the turns only with that lock, taken exclusively without waiting.
-Every test keeps a producer's transaction open where the protocol depends on it."""
+Every test keeps a producer's transaction open where the protocol depends on it.
+
+Since fq0025 only a channel that caps its keys keeps their turns in rows (channel_key), and this
+protocol is that channel's: here acme caps its keys, at a cap no test reaches. The keys of a channel
+without a cap per key take turns by their jobs' slots, and tests/core/test_key_slots.py covers how a
+producer finds those covered."""
 
 from __future__ import annotations
 
@@ -23,6 +28,11 @@ from tests.helpers import (
     race_against_paused_function,
     wait_until_blocked_or_done,
 )
+
+
+@pytest.fixture(autouse=True)
+def _acme_caps_its_keys(conn: psycopg.Connection[Any]) -> None:
+    fairqueue.configure_channel(conn, "acme", key_max_concurrency=1000)
 
 
 def _key_wakeups(conn: psycopg.Connection[Any]) -> int:
@@ -75,8 +85,10 @@ def test_a_key_not_in_turn_or_of_an_idle_channel_still_gets_its_wakeup(
     _alice_in_turn(conn, worker)
     bob = fairqueue.enqueue(conn, "bob", channel="acme", fair_key="bob")
     assert _key_wakeups(conn) == 1
-    fairqueue.claim_batch(conn, worker, 10)
+    taken = fairqueue.claim_batch(conn, worker, 10)
     assert fairqueue.claim_batch(conn, worker, 10) == []  # acme is idle, its keys gone
+    # (under a cap per key, a key's row stays while it counts running jobs: they finish first)
+    fairqueue.finish(conn, worker, [fairqueue.Outcome(j.id) for j in taken])
     assert conn.execute("SELECT count(*) FROM fairqueue.channel_key").fetchone() == (0,)
     late = fairqueue.enqueue(conn, "late", channel="acme", fair_key="alice")
     assert _key_wakeups(conn) == 1
@@ -180,7 +192,7 @@ def test_a_claim_that_let_a_key_go_does_not_then_wait_for_a_busy_channel(
     worker = fairqueue.register_worker(conn)
     fairqueue.configure_channel(conn, "capped", max_concurrency=100)
     fairqueue.enqueue_many(conn, [fairqueue.JobSpec("k", channel="capped")] * 5)
-    fairqueue.configure_channel(conn, "acme", max_concurrency=2)
+    fairqueue.configure_channel(conn, "acme", max_concurrency=2, key_max_concurrency=1000)
     fairqueue.enqueue(conn, "alice", channel="acme", fair_key="alice")
     fairqueue.enqueue_many(conn, [fairqueue.JobSpec("bob", channel="acme", fair_key="bob")] * 3)
     conn.execute("SELECT fairqueue.promote_due_jobs()")

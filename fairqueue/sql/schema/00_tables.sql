@@ -44,11 +44,15 @@ CREATE TABLE fairqueue.channel (
         active AND NOT paused AND throttled_until IS NULL
         AND (max_concurrency IS NULL OR running < max_concurrency)) STORED,
     -- true while the channel may have jobs with a fair key: the claim then takes its jobs in turns
-    -- across its keys (channel_key, schema/35_fair_keys.sql) instead of straight from its ready queue
+    -- across its keys (by their jobs' slots, or by channel_key rows under a cap per key;
+    -- schema/35_fair_keys.sql) instead of straight from its ready queue
     keyed            boolean NOT NULL DEFAULT false,
     -- at most this many jobs of one fair key of the channel run at once, across all workers (NULL:
     -- no cap); the count is channel_key.running
     key_max_concurrency integer,
+    -- in a keyed channel without a cap per key, the slot of the next turn of its jobs without a key
+    -- (the turn '' of schema/35_fair_keys.sql); written only by the claim that serves the channel
+    blank_slot       bigint NOT NULL DEFAULT 0,
     CONSTRAINT channel_name_check CHECK (length(name) BETWEEN 1 AND 200),
     CONSTRAINT channel_weight_check CHECK (weight BETWEEN 1 AND 1000),
     CONSTRAINT channel_max_concurrency_check CHECK (max_concurrency IS NULL OR max_concurrency >= 1),
@@ -76,12 +80,17 @@ CREATE INDEX channel_key_capped_idx ON fairqueue.channel (name) WHERE key_max_co
 -- long transaction elsewhere holds back vacuum none of those versions can be pruned, and a producer
 -- reading the channel row would walk them all (invariant 13). Updates here change no indexed column,
 -- so they are HOT and a look-up stays on one page.
+-- slotted is channel.keyed AND channel.key_max_concurrency IS NULL: the channel's keys take turns by
+-- the slots their jobs carry (schema/35_fair_keys.sql), so a producer of a keyed job needs no wakeup.
 CREATE TABLE fairqueue.channel_active (
     name    text PRIMARY KEY REFERENCES fairqueue.channel (name) ON UPDATE CASCADE ON DELETE CASCADE,
-    active  boolean NOT NULL
+    active  boolean NOT NULL,
+    slotted boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 20);
 
--- The turns of a channel's fair keys (docs/design.md, "Two levels of turns"). A channel takes its
+-- The turns of the fair keys of a channel that caps its keys (docs/design.md, "Two levels of turns";
+-- a channel without a cap per key needs no row per key: its jobs carry their keys' turns, in
+-- running_job.key_slot). A channel takes its
 -- turns among channels as ever; within its turn, its jobs are taken round-robin across its keys:
 -- each job taken adds 1 to its key's vtime, and the key with the lowest vtime goes next. A row exists
 -- while its key is in turn (it has, or may have, ready jobs); the channel's jobs without a key take
@@ -158,7 +167,12 @@ CREATE TABLE fairqueue.running_job (
     -- minus the job's priority: ascending in the ready index, so higher priorities come first
     rank              smallint NOT NULL DEFAULT 0,
     -- the job's fair key (a copy of job.fair_key): which ready index holds it
-    fair_key          text
+    fair_key          text,
+    -- a ready keyed job's slot: its key's turn that it stands for (schema/35_fair_keys.sql)
+    key_slot          bigint,
+    -- true if the job became ready ahead of a job of its key with a later slot (a higher priority, or
+    -- handed back): the claim then takes the key's head by priority for the slot, not the slot's job
+    key_jump          boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
 -- Head of each channel's ready queue: higher priority first, then enqueue order (FIFO within a
@@ -169,6 +183,13 @@ CREATE INDEX running_job_ready_idx ON fairqueue.running_job (channel, rank, job_
     WHERE worker_id IS NULL AND fair_key IS NULL;
 CREATE INDEX running_job_key_idx ON fairqueue.running_job (channel, fair_key, rank, job_id)
     WHERE worker_id IS NULL AND fair_key IS NOT NULL;
+-- A channel's keyed ready jobs in turn order (schema/35_fair_keys.sql): the keys take turns as their
+-- jobs' slots say, so a claim takes a channel's share from one range of this index.
+CREATE INDEX running_job_slot_idx ON fairqueue.running_job (channel, key_slot, rank, job_id)
+    WHERE worker_id IS NULL AND fair_key IS NOT NULL;
+-- The channels with a ready job out of its key's slot order (key_jump): usually none.
+CREATE INDEX running_job_jump_idx ON fairqueue.running_job (channel, fair_key, key_slot)
+    WHERE worker_id IS NULL AND key_jump;
 CREATE INDEX running_job_worker_idx ON fairqueue.running_job (worker_id) WHERE worker_id IS NOT NULL;
 
 -- Staging: jobs that cannot run yet. Bookkeeping happens here so the claim stays free of conditions.

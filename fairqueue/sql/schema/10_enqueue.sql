@@ -9,19 +9,25 @@
 -- Keeps fairqueue.channel_active, what producers read, equal to channel.active: for a new channel,
 -- and whenever a channel goes active or idle (the triggers below fire on nothing else). It runs in
 -- the transaction that changed the channel, under that transaction's lock on the channel's row.
+-- The same for whether its keys take turns by slots (slotted: keyed, without a cap per key), which
+-- changes when a channel first gets keyed jobs, goes idle, or gains or loses a cap per key.
 CREATE FUNCTION fairqueue._copy_channel_active()
 RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    INSERT INTO fairqueue.channel_active (name, active) VALUES (NEW.name, NEW.active)
-    ON CONFLICT (name) DO UPDATE SET active = EXCLUDED.active;
+    INSERT INTO fairqueue.channel_active (name, active, slotted)
+    VALUES (NEW.name, NEW.active, NEW.keyed AND NEW.key_max_concurrency IS NULL)
+    ON CONFLICT (name) DO UPDATE SET active = EXCLUDED.active, slotted = EXCLUDED.slotted;
     RETURN NULL;
 END $$;
 
 CREATE TRIGGER channel_active_on_insert AFTER INSERT ON fairqueue.channel
     FOR EACH ROW EXECUTE FUNCTION fairqueue._copy_channel_active();
-CREATE TRIGGER channel_active_on_update AFTER UPDATE OF active ON fairqueue.channel
-    FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active) EXECUTE FUNCTION fairqueue._copy_channel_active();
+CREATE TRIGGER channel_active_on_update AFTER UPDATE OF active, keyed, key_max_concurrency ON fairqueue.channel
+    FOR EACH ROW WHEN (OLD.active IS DISTINCT FROM NEW.active
+                       OR (OLD.keyed AND OLD.key_max_concurrency IS NULL)
+                          IS DISTINCT FROM (NEW.keyed AND NEW.key_max_concurrency IS NULL))
+    EXECUTE FUNCTION fairqueue._copy_channel_active();
 
 -- The READ COMMITTED half of _wake_channel (below), which _cover_key shares: within a budget of 64
 -- advisory locks per transaction (the shared lock table is bounded), takes p_channel's lock shared
@@ -93,11 +99,14 @@ END $$;
 
 -- The same one level down, for a ready job with a fair key (schema/35_fair_keys.sql): called before
 -- the job's running_job row is inserted, it tells the trigger that would leave a wakeup for the key
--- (_wake_fair_key) that none is needed, when the key is in turn and its channel active.
+-- (_wake_fair_key) that none is needed, when the channel is active and its keys take turns by slots
+-- (channel_active.slotted), or the key is in turn and its channel active.
 --
 -- Under READ COMMITTED only, and within the same lock budget: the channel is held active as
 -- _wake_channel holds it (_hold_active: while the producer holds the channel's lock no claimer
--- idles the channel, which would drop its keys), then the producer takes the key's shared lock
+-- idles the channel, which would drop its keys). In a slotted channel that is all: the job's slot
+-- puts its key in turn, and the channel stays keyed until it goes idle (configure_channel takes the
+-- channel's lock exclusively before it changes a cap per key). Otherwise the producer takes the key's shared lock
 -- (class 1718681607) and reads whether the key is in turn. A claimer lets a key that ran dry leave
 -- the turns only with the key's exclusive lock (_take_keyed), so a key found in turn stays in turn
 -- until this transaction ends, and the job is seen by the claims that serve the key. Otherwise
@@ -114,6 +123,10 @@ BEGIN
         RETURN;
     END IF;
     IF NOT fairqueue._hold_active(p_channel) THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM fairqueue.channel_active WHERE name = p_channel AND slotted) THEN
+        PERFORM set_config('fairqueue.covered_keys', v_done || v_key || ',', true);
         RETURN;
     END IF;
     v_locks := current_setting('fairqueue.wake_locks')::integer;  -- counted by _hold_active

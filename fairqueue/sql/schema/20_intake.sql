@@ -198,8 +198,9 @@ BEGIN
           AND ((NOT c.active AND c.name = ANY (v_wake)) OR c.throttled_until <= p_now
                OR (NOT c.keyed AND c.name = ANY (v_kchan)))
     ),
-    -- a key joins at its channel's current key time (as _join_key_turns does); the channel rows
-    -- created above exist when the foreign key is checked, at the end of the statement. A key out of
+    -- in a channel that caps its keys, a key joins at its channel's current key time (as
+    -- _join_key_turns does); the keys of a channel without a cap per key take turns by their jobs'
+    -- slots, and need only the channel keyed (above). A new channel has no cap per key. A key out of
     -- turn (kept for its running count, schema/35_fair_keys.sql) rejoins at that time, with no debt or
     -- credit, unless it is at its cap: the finish that frees one of its slots wakes it again.
     joined AS (
@@ -208,7 +209,8 @@ BEGIN
                coalesce((SELECT t.vtime FROM fairqueue.channel_key t WHERE t.channel = u.c AND t.in_turn
                          ORDER BY t.channel, t.vtime, t.served_at, t.fair_key LIMIT 1), 0)
         FROM (SELECT DISTINCT x.c, x.k FROM unnest(v_kchan, v_kkey) AS x(c, k) ORDER BY x.c, x.k) AS u
-        WHERE u.c IN (SELECT name FROM lockable) OR u.c IN (SELECT name FROM created)
+        WHERE u.c IN (SELECT name FROM lockable)
+          AND (SELECT c.key_max_concurrency FROM fairqueue.channel c WHERE c.name = u.c) IS NOT NULL
         ON CONFLICT (channel, fair_key) DO UPDATE SET in_turn = true, vtime = EXCLUDED.vtime
         WHERE NOT k.in_turn
           AND k.running < coalesce((SELECT c.key_max_concurrency FROM fairqueue.channel c WHERE c.name = k.channel),

@@ -161,6 +161,8 @@ DECLARE
     v_kpos     integer[];
     v_kids     bigint[];
     v_kmore    boolean[];
+    v_blanks   bigint[];
+    v_fast     boolean[];
     v_take     record;
     v_got      integer[];
     v_ids      bigint[];
@@ -245,7 +247,7 @@ BEGIN
         --    Channels another claimer holds are skipped, so concurrent claimers spread out.
         WITH cand AS MATERIALIZED (
             SELECT c.ctid AS row_id, c.name, c.vtime, c.served_at, c.weight, c.max_concurrency, c.running,
-                   c.rate_per_second, c.keyed, c.key_max_concurrency,
+                   c.rate_per_second, c.keyed, c.key_max_concurrency, c.blank_slot,
                    CASE WHEN c.rate_per_second IS NOT NULL THEN
                         least(c.rate_burst,
                               c.tokens + greatest(extract(epoch FROM v_now - c.tokens_at), 0) * c.rate_per_second)
@@ -297,8 +299,19 @@ BEGIN
                array_agg(r.tokens_now ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.rate_per_second ORDER BY r.vtime, r.served_at, r.name),
                array_agg(r.keyed ORDER BY r.vtime, r.served_at, r.name),
-               array_agg(r.key_max_concurrency ORDER BY r.vtime, r.served_at, r.name)
-        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates, v_keyed, v_kcaps
+               array_agg(r.key_max_concurrency ORDER BY r.vtime, r.served_at, r.name),
+               array_agg(r.blank_slot ORDER BY r.vtime, r.served_at, r.name),
+               -- a keyed channel without a cap per key whose ready jobs all have keys, each in its
+               -- key's order (no key_jump): its share is its next jobs by slot, taken below with the
+               -- unkeyed channels' (two probes, usually of empty ranges, tell)
+               array_agg(r.keyed AND r.key_max_concurrency IS NULL
+                         AND (SELECT true FROM fairqueue.running_job j
+                              WHERE j.channel = r.name AND j.worker_id IS NULL AND j.key_jump LIMIT 1) IS NULL
+                         AND (SELECT j.job_id FROM fairqueue.running_job j
+                              WHERE j.channel = r.name AND j.worker_id IS NULL AND j.fair_key IS NULL
+                              ORDER BY j.channel, j.rank, j.job_id LIMIT 1) IS NULL
+                         ORDER BY r.vtime, r.served_at, r.name)
+        INTO v_names, v_rows, v_alloc, v_vtimes, v_weights, v_tokens, v_rates, v_keyed, v_kcaps, v_blanks, v_fast
         FROM room r LEFT JOIN alloc a ON a.name = r.name;
 
         IF v_names IS NULL THEN
@@ -342,40 +355,66 @@ BEGIN
             v_rates := v_tokens;
             v_keyed := array_fill(false, ARRAY[cardinality(v_names)]);
             v_kcaps := array_fill(NULL::integer, ARRAY[cardinality(v_names)]);
+            v_fast := v_keyed;
         ELSE
             v_shared := false;
         END IF;
 
         -- A keyed channel's slots go to its keys in turn (schema/35_fair_keys.sql): its jobs are
-        -- taken here, and joined to the other channels' below.
+        -- taken here, and joined to the other channels' below. Without a cap per key the keys take
+        -- turns by their jobs' slots (_take_slots, or below for a channel whose jobs all have keys, in
+        -- order); with one, by their rows in channel_key (_take_keyed).
         v_kpos := '{}';
         v_kids := '{}';
         v_kmore := '{}';
         IF true = ANY (v_keyed) THEN
-            SELECT * INTO v_take FROM fairqueue._take_keyed(
-                v_names, ARRAY(SELECT CASE WHEN k THEN n ELSE 0 END FROM unnest(v_keyed, v_alloc) WITH ORDINALITY AS u(k, n, i)
-                               ORDER BY u.i),
-                v_kcaps, v_now);
-            v_kpos := v_take.pos;
-            v_kids := v_take.ids;
-            v_kmore := v_take.more;
-            -- it holds the locks of the keys it let go of, which producers of those keys would wait for
-            v_waited := v_waited OR v_take.locked;
+            IF EXISTS (SELECT 1 FROM unnest(v_keyed, v_kcaps, v_fast) AS u(k, cap, f) WHERE u.k AND u.cap IS NULL
+                                                                                        AND NOT u.f) THEN
+                SELECT * INTO v_take FROM fairqueue._take_slots(
+                    v_names, ARRAY(SELECT CASE WHEN u.k AND u.cap IS NULL AND NOT u.f THEN u.n ELSE 0 END
+                                   FROM unnest(v_keyed, v_kcaps, v_fast, v_alloc) WITH ORDINALITY AS u(k, cap, f, n, i)
+                                   ORDER BY u.i),
+                    v_blanks);
+                v_kpos := v_take.pos;
+                v_kids := v_take.ids;
+                v_kmore := v_take.more;
+                v_blanks := v_take.blanks;
+            END IF;
+            IF EXISTS (SELECT 1 FROM unnest(v_keyed, v_kcaps) AS u(k, cap) WHERE u.k AND u.cap IS NOT NULL) THEN
+                SELECT * INTO v_take FROM fairqueue._take_keyed(
+                    v_names, ARRAY(SELECT CASE WHEN u.k AND u.cap IS NOT NULL THEN u.n ELSE 0 END
+                                   FROM unnest(v_keyed, v_kcaps, v_alloc) WITH ORDINALITY AS u(k, cap, n, i)
+                                   ORDER BY u.i),
+                    v_kcaps, v_now);
+                v_kpos := v_kpos || v_take.pos;
+                v_kids := v_kids || v_take.ids;
+                v_kmore := CASE WHEN cardinality(v_kmore) = 0 THEN v_take.more
+                                ELSE ARRAY(SELECT a AND b FROM unnest(v_kmore, v_take.more) AS u(a, b)) END;
+                -- it holds the locks of the keys it let go of, which producers of those keys would wait for
+                v_waited := v_waited OR v_take.locked;
+            END IF;
         END IF;
 
         -- 2. Lock each channel's head jobs (index range scan on running_job_ready_idx: higher
         --    priority first, then enqueue order), and look whether more remain behind them.
         --    One statement: which jobs each channel gave, their slots, and which channels came up short.
         WITH heads AS MATERIALIZED (
-            SELECT u.i, u.name, u.n, coalesce(p.ids, k.ids, '{}') AS ids,
-                   CASE WHEN u.keyed THEN coalesce(v_kmore[u.i], false)
+            SELECT u.i, u.name, u.n, coalesce(p.ids, s.ids, k.ids, '{}') AS ids,
+                   CASE WHEN u.fast THEN u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
+                                     WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                                       AND (r.key_slot, r.rank, r.job_id) > (
+                                           coalesce(s.slots[cardinality(s.slots)], -9223372036854775808),
+                                           coalesce(s.ranks[cardinality(s.ranks)], -32768),
+                                           coalesce(s.ids[cardinality(s.ids)], 0))
+                                     ORDER BY r.channel, r.key_slot, r.rank, r.job_id LIMIT 1) IS NOT NULL
+                   WHEN u.keyed THEN coalesce(v_kmore[u.i], false)
                    -- more behind them? the next index entry (EXISTS could plan a scan over dead pages)
                    ELSE u.n > 0 AND (SELECT r.job_id FROM fairqueue.running_job r
                                      WHERE r.channel = u.name AND r.worker_id IS NULL AND r.fair_key IS NULL
                                        AND (r.rank, r.job_id) > (coalesce(p.ranks[cardinality(p.ranks)], -32768),
                                                                  coalesce(p.ids[cardinality(p.ids)], 0))
                                      ORDER BY r.channel, r.rank, r.job_id LIMIT 1) IS NOT NULL END AS more
-            FROM unnest(v_names, v_alloc, v_keyed) WITH ORDINALITY AS u(name, n, keyed, i)
+            FROM unnest(v_names, v_alloc, v_keyed, v_fast) WITH ORDINALITY AS u(name, n, keyed, fast, i)
             CROSS JOIN LATERAL (
                 SELECT array_agg(h.job_id ORDER BY h.rank, h.job_id) AS ids,
                        array_agg(h.rank ORDER BY h.rank, h.job_id) AS ranks
@@ -386,11 +425,24 @@ BEGIN
                       LIMIT u.n
                       FOR UPDATE SKIP LOCKED) AS h
             ) AS p
-            -- a keyed channel's jobs, taken above in its keys' turn order
+            -- a keyed channel whose jobs all have keys, in their keys' order: its next jobs by slot
+            -- (running_job_slot_idx), the keys' turns
+            CROSS JOIN LATERAL (
+                SELECT array_agg(h.job_id ORDER BY h.key_slot, h.rank, h.job_id) AS ids,
+                       array_agg(h.key_slot ORDER BY h.key_slot, h.rank, h.job_id) AS slots,
+                       array_agg(h.rank ORDER BY h.key_slot, h.rank, h.job_id) AS ranks
+                FROM (SELECT r.job_id, r.key_slot, r.rank FROM fairqueue.running_job r
+                      WHERE u.n > 0 AND u.fast AND r.channel = u.name AND r.worker_id IS NULL
+                        AND r.fair_key IS NOT NULL
+                      ORDER BY r.channel, r.key_slot, r.rank, r.job_id
+                      LIMIT u.n
+                      FOR UPDATE SKIP LOCKED) AS h
+            ) AS s
+            -- another keyed channel's jobs, taken above in its keys' turn order
             CROSS JOIN LATERAL (
                 SELECT array_agg(x.id ORDER BY x.o) AS ids
                 FROM unnest(v_kpos, v_kids) WITH ORDINALITY AS x(pos, id, o)
-                WHERE u.keyed AND x.pos = u.i
+                WHERE u.keyed AND NOT u.fast AND x.pos = u.i
             ) AS k
         ),
         taken AS (
@@ -414,6 +466,7 @@ BEGIN
                 WITH charged AS (
                     UPDATE fairqueue.channel c
                     SET vtime = c.vtime + u.got::double precision / c.weight,
+                        blank_slot = coalesce(u.blank, c.blank_slot),
                         served_at = CASE WHEN u.got > 0 THEN v_now ELSE c.served_at END,
                         running = CASE WHEN c.max_concurrency IS NULL THEN c.running ELSE c.running + u.got END,
                         tokens = CASE WHEN u.tokens_now IS NULL THEN c.tokens ELSE u.tokens_now - u.got END,
@@ -422,7 +475,7 @@ BEGIN
                             WHEN u.tokens_now IS NOT NULL AND u.tokens_now - u.got < 1
                             THEN v_now + make_interval(secs => (1 - (u.tokens_now - u.got)) / u.rate)
                             END
-                    FROM unnest(v_rows, v_got, v_tokens, v_rates) AS u(row_id, got, tokens_now, rate)
+                    FROM unnest(v_rows, v_got, v_tokens, v_rates, v_blanks) AS u(row_id, got, tokens_now, rate, blank)
                     WHERE c.ctid = ANY (v_rows) AND c.ctid = u.row_id
                       AND (u.got > 0 OR u.tokens_now < 1)
                     RETURNING u.row_id AS old_row, c.ctid AS new_row

@@ -2,9 +2,15 @@
 --
 -- A job may carry a fair key (a user of the tenant, an integration, a workflow). The claim serves
 -- channels exactly as before; a channel that has keyed jobs (channel.keyed) then gives its share of
--- the batch to its keys in weighted-fair order, one level down: each job taken adds 1 to its key's
--- vtime in channel_key, and the key with the lowest vtime goes next. A channel's share does not
--- depend on how many keys it uses, and its cap, rate limit and weight still hold for it as a whole.
+-- the batch to its keys in turn, one level down. A channel's share does not depend on how many keys
+-- it uses, and its cap, rate limit and weight still hold for it as a whole.
+--
+-- Two ways, one per channel. Without a cap per key (since fq0025) the order is carried by the jobs:
+-- each ready keyed job holds a slot, its key's turn (_slot_fair_key below), and the claim takes the
+-- channel's share by slot (_take_slots, or the claim's own take): no row per key. With a cap per key
+-- (channel.key_max_concurrency) each key in turn has a row in channel_key, whose vtime orders the
+-- keys (each job taken adds 1 to it) and which counts the key's running jobs; the rest of this
+-- header is about those rows.
 --
 -- Producers never write channel_key (they would wait on each other): a ready keyed job leaves a
 -- wakeup row naming its key (the trigger below), and the intake puts the key in turn. Everything that
@@ -54,6 +60,204 @@ CREATE TRIGGER running_job_key_ready AFTER INSERT ON fairqueue.running_job
 CREATE TRIGGER running_job_key_released AFTER UPDATE OF worker_id ON fairqueue.running_job
     FOR EACH ROW WHEN (NEW.fair_key IS NOT NULL AND NEW.worker_id IS NULL AND OLD.worker_id IS NOT NULL)
     EXECUTE FUNCTION fairqueue._wake_fair_key();
+
+-- A keyed job's slot (running_job.key_slot): the turn of its key that it stands for. In a channel
+-- without a cap per key the keys take turns by these slots alone: a claim takes the channel's share
+-- of a batch as its ready keyed jobs in (slot, priority, id) order, from one range of
+-- running_job_slot_idx, with no row per key to read, charge or delete (_take_slots). A job that
+-- becomes ready (inserted by a producer, the intake, a finish follow-up, a bulk load; handed back by
+-- release) takes the slot after its key's last one, so a key with 10,000 jobs holds the next 10,000
+-- turns of that key and a key with one job holds one; a key with no ready job joins at its channel's
+-- frontier, the lowest slot ready (no credit for an idle spell, no wait behind the keys already there).
+--
+-- Within a key the jobs go by priority, then enqueue order. A job that is ahead of its key's last job
+-- in that order (a higher priority, or a job handed back) takes the next slot all the same and is
+-- marked key_jump: while a channel has such a job, its claim gives each slot of a key to the key's
+-- head job instead of the slot's own, and the slot's job takes the head's slot (_take_slots). The
+-- key's last slot is then the later of its last job's and its jumpers' (running_job_jump_idx).
+--
+-- Producers only read here (two index probes, no lock, no row of anyone else's written). Two
+-- producers adding jobs to one key at once may give them the same slot: the key then has two turns
+-- at that slot, once.
+CREATE FUNCTION fairqueue._slot_fair_key()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_slot  bigint;
+    v_rank  smallint;
+    v_id    bigint;
+BEGIN
+    SELECT r.key_slot, r.rank, r.job_id INTO v_slot, v_rank, v_id FROM fairqueue.running_job r
+    WHERE r.channel = NEW.channel AND r.fair_key = NEW.fair_key AND r.worker_id IS NULL
+    ORDER BY r.channel DESC, r.fair_key DESC, r.rank DESC, r.job_id DESC LIMIT 1;
+    IF v_id IS NOT NULL THEN
+        NEW.key_slot := greatest(v_slot, (SELECT r.key_slot FROM fairqueue.running_job r
+                                          WHERE r.channel = NEW.channel AND r.fair_key = NEW.fair_key
+                                            AND r.worker_id IS NULL AND r.key_jump
+                                          ORDER BY r.channel DESC, r.fair_key DESC, r.key_slot DESC LIMIT 1)) + 1;
+        NEW.key_jump := (NEW.rank, NEW.job_id) < (v_rank, v_id);
+    ELSE
+        NEW.key_slot := coalesce((SELECT r.key_slot FROM fairqueue.running_job r
+                                  WHERE r.channel = NEW.channel AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                                  ORDER BY r.channel, r.key_slot, r.rank, r.job_id LIMIT 1), 0);
+        NEW.key_jump := false;
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER running_job_key_slot BEFORE INSERT ON fairqueue.running_job
+    FOR EACH ROW WHEN (NEW.fair_key IS NOT NULL AND NEW.worker_id IS NULL)
+    EXECUTE FUNCTION fairqueue._slot_fair_key();
+CREATE TRIGGER running_job_key_slot_released BEFORE UPDATE OF worker_id ON fairqueue.running_job
+    FOR EACH ROW WHEN (NEW.fair_key IS NOT NULL AND NEW.worker_id IS NULL AND OLD.worker_id IS NOT NULL)
+    EXECUTE FUNCTION fairqueue._slot_fair_key();
+
+-- Takes ready jobs of keyed channels without a cap per key, whose rows the caller holds: up to
+-- p_ns[i] of channel p_channels[i] (0 or NULL: none), in the order of their keys' slots. The
+-- channel's jobs without a key take turns as one more key, '', whose next slot is p_blanks[i]
+-- (channel.blank_slot), kept within one turn of the channel's frontier: it neither banks turns while
+-- the channel has none of those jobs nor falls behind the keys. One statement for every channel at
+-- once, one range of running_job_slot_idx and one of running_job_ready_idx per channel; a channel
+-- with a job out of its key's order (key_jump) also looks up the head of each key it serves.
+-- Returns the ids in each channel's turn order with the position of their channel (pos), per
+-- channel whether it has ready jobs left beyond them (more; true for a channel not asked), and each
+-- channel's next '' slot (blanks).
+CREATE FUNCTION fairqueue._take_slots(p_channels text[], p_ns integer[], p_blanks bigint[],
+                                      OUT pos integer[], OUT ids bigint[], OUT more boolean[],
+                                      OUT blanks bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tok   bigint[];
+    v_took  bigint[];
+BEGIN
+    WITH need AS MATERIALIZED (
+        SELECT u.i, u.name, u.n, u.blank,
+               (SELECT true FROM fairqueue.running_job r
+                WHERE r.channel = u.name AND r.worker_id IS NULL AND r.key_jump LIMIT 1) IS NOT NULL AS jumps
+        FROM unnest(p_channels, p_ns, p_blanks) WITH ORDINALITY AS u(name, n, blank, i)
+        WHERE u.n > 0
+    ),
+    -- each channel's next n keyed jobs by slot, locked as they are read (the usual case: they are
+    -- what the channel gives), and its next n jobs without a key (usually none)
+    keyed AS MATERIALIZED (
+        SELECT n.i, k.job_id, k.fair_key, k.key_slot AS slot, k.rank
+        FROM need n
+        CROSS JOIN LATERAL (
+            SELECT r.job_id, r.fair_key, r.key_slot, r.rank FROM fairqueue.running_job r
+            WHERE r.channel = n.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+            ORDER BY r.channel, r.key_slot, r.rank, r.job_id LIMIT n.n
+            FOR UPDATE SKIP LOCKED
+        ) AS k
+    ),
+    blank AS MATERIALIZED (
+        SELECT n.i, b.job_id, b.rank, b.o
+        FROM need n
+        CROSS JOIN LATERAL (
+            SELECT r.job_id, r.rank, row_number() OVER (ORDER BY r.rank, r.job_id) AS o
+            FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
+                  WHERE r.channel = n.name AND r.worker_id IS NULL AND r.fair_key IS NULL
+                  ORDER BY r.channel, r.rank, r.job_id LIMIT n.n) AS r
+        ) AS b
+    ),
+    -- the '' turn's slots: from the channel's, kept within one turn of the frontier (the lowest slot
+    -- ready, which the keyed range starts at)
+    cands AS (
+        SELECT k.i, k.job_id, k.fair_key, k.slot, k.rank FROM keyed k
+        UNION ALL
+        SELECT b.i, b.job_id, NULL, least(greatest(n.blank, coalesce(f.slot, n.blank)), coalesce(f.slot, n.blank) + 1)
+                                    + b.o - 1, b.rank
+        FROM blank b JOIN need n ON n.i = b.i
+        CROSS JOIN LATERAL (SELECT min(k.slot) AS slot FROM keyed k WHERE k.i = b.i) AS f
+    ),
+    chosen AS MATERIALIZED (
+        SELECT c.*, n.jumps, n.n, n.name,
+               count(*) OVER (PARTITION BY c.i) AS total
+        FROM (SELECT c.*, row_number() OVER (PARTITION BY c.i ORDER BY c.slot, c.rank, c.job_id) AS k FROM cands c) AS c
+        JOIN need n ON n.i = c.i
+        WHERE c.k <= n.n
+    ),
+    -- in a channel with a job out of its key's order, each key's slots go to its head jobs
+    heads AS (
+        SELECT g.i, g.fair_key, h.job_id, h.o
+        FROM (SELECT c.i, c.name, c.fair_key, count(*) AS m
+              FROM chosen c WHERE c.jumps AND c.fair_key IS NOT NULL GROUP BY c.i, c.name, c.fair_key) AS g
+        CROSS JOIN LATERAL (
+            SELECT x.job_id, row_number() OVER (ORDER BY x.rank, x.job_id) AS o
+            FROM (SELECT r.job_id, r.rank FROM fairqueue.running_job r
+                  WHERE r.channel = g.name AND r.fair_key = g.fair_key AND r.worker_id IS NULL
+                  ORDER BY r.channel, r.fair_key, r.rank, r.job_id LIMIT g.m
+                  FOR UPDATE SKIP LOCKED) AS x
+        ) AS h
+    ),
+    tokens AS (
+        SELECT c.*, row_number() OVER (PARTITION BY c.i, c.fair_key ORDER BY c.slot, c.rank, c.job_id) AS o
+        FROM chosen c WHERE c.jumps AND c.fair_key IS NOT NULL
+    ),
+    -- the jobs without a key that were chosen, locked now
+    blanks_locked AS (
+        SELECT r.job_id FROM fairqueue.running_job r
+        WHERE r.job_id = ANY (ARRAY(SELECT c.job_id FROM chosen c WHERE c.fair_key IS NULL))
+          AND r.worker_id IS NULL
+        FOR UPDATE SKIP LOCKED
+    ),
+    taken AS (
+        SELECT c.i, c.slot, c.rank, c.job_id AS token, c.job_id AS id, c.fair_key IS NULL AS blank
+        FROM chosen c
+        WHERE (c.fair_key IS NOT NULL AND NOT c.jumps) OR c.job_id IN (SELECT b.job_id FROM blanks_locked b)
+        UNION ALL
+        SELECT t.i, t.slot, t.rank, t.job_id, h.job_id, false
+        FROM tokens t JOIN heads h ON h.i = t.i AND h.fair_key = t.fair_key AND h.o = t.o
+    ),
+    -- more behind them? anything read and not chosen, or the next keyed entry after the last one read
+    -- (one probe; a job locked elsewhere counts, as in the claim)
+    left_behind AS (
+        SELECT n.i,
+               (SELECT count(*) FROM keyed k WHERE k.i = n.i) + (SELECT count(*) FROM blank b WHERE b.i = n.i)
+                   > (SELECT count(*) FROM chosen c WHERE c.i = n.i)
+               OR (SELECT r.job_id FROM fairqueue.running_job r
+                   WHERE r.channel = n.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                     AND (r.key_slot, r.rank, r.job_id) > (
+                         SELECT k.slot, k.rank, k.job_id FROM keyed k WHERE k.i = n.i
+                         ORDER BY k.slot DESC, k.rank DESC, k.job_id DESC LIMIT 1)
+                   ORDER BY r.channel, r.key_slot, r.rank, r.job_id LIMIT 1) IS NOT NULL
+               OR ((SELECT count(*) FROM keyed k WHERE k.i = n.i) = 0
+                   AND (SELECT r.job_id FROM fairqueue.running_job r
+                        WHERE r.channel = n.name AND r.worker_id IS NULL AND r.fair_key IS NOT NULL
+                        ORDER BY r.channel, r.key_slot, r.rank, r.job_id LIMIT 1) IS NOT NULL)
+                   AS more
+        FROM need n
+    )
+    SELECT coalesce((SELECT array_agg(t.i ORDER BY t.i, t.slot, t.rank, t.token) FROM taken t), '{}'),
+           coalesce((SELECT array_agg(t.id ORDER BY t.i, t.slot, t.rank, t.token) FROM taken t), '{}'),
+           ARRAY(SELECT coalesce((SELECT l.more FROM left_behind l WHERE l.i = g.i), true)
+                 FROM generate_subscripts(p_channels, 1) AS g(i) ORDER BY g.i),
+           ARRAY(SELECT coalesce((SELECT max(t.slot) + 1 FROM taken t WHERE t.i = g.i AND t.blank), p_blanks[g.i])
+                 FROM generate_subscripts(p_channels, 1) AS g(i) ORDER BY g.i),
+           coalesce((SELECT array_agg(t.token ORDER BY t.i, t.slot) FROM taken t WHERE t.token <> t.id), '{}'),
+           coalesce((SELECT array_agg(t.id ORDER BY t.i, t.slot) FROM taken t WHERE t.token <> t.id), '{}')
+    INTO pos, ids, more, blanks, v_tok, v_took;
+
+    -- A key's slots went to its head jobs: a slot's own job that was not taken takes the slot of a
+    -- head that was (pairing them in slot order), so the key keeps one slot per ready job. It may now
+    -- stand behind jobs of its key it is ahead of, so it is marked out of order too.
+    IF cardinality(v_tok) > 0 THEN
+        WITH left_over AS (
+            SELECT r.job_id, r.channel, r.fair_key,
+                   row_number() OVER (PARTITION BY r.channel, r.fair_key ORDER BY r.key_slot, r.rank, r.job_id) AS o
+            FROM fairqueue.running_job r
+            WHERE r.job_id = ANY (v_tok) AND r.job_id <> ALL (v_took) AND r.worker_id IS NULL
+        ),
+        freed AS (
+            SELECT r.key_slot, r.channel, r.fair_key,
+                   row_number() OVER (PARTITION BY r.channel, r.fair_key ORDER BY r.key_slot, r.rank, r.job_id) AS o
+            FROM fairqueue.running_job r
+            WHERE r.job_id = ANY (v_took) AND r.job_id <> ALL (v_tok)
+        )
+        UPDATE fairqueue.running_job r SET key_slot = f.key_slot, key_jump = true
+        FROM left_over l JOIN freed f ON f.channel = l.channel AND f.fair_key = l.fair_key AND f.o = l.o
+        WHERE r.job_id = l.job_id;
+    END IF;
+END $$;
 
 -- Puts keys of channels (whose rows the caller holds) in turn: key p_keys[i] of channel
 -- p_channels[i]. A key joins at its channel's current key time (the lowest vtime in turn), so it

@@ -71,27 +71,55 @@ BEGIN
         UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
     END IF;
 
-    -- The same one level down (schema/35_fair_keys.sql): each key's running jobs are counted in its
-    -- channel_key row while the channel caps its keys. A key with running jobs and none ready gets a
-    -- row out of turn, which only holds the count.
+    -- The same one level down (schema/35_fair_keys.sql). A channel without a cap per key has no rows
+    -- in channel_key: its keys take turns by the slots their jobs carry. One that caps its keys takes
+    -- turns by those rows, which also count each key's running jobs. Between the two, the producers
+    -- must not be in flight: one that found the channel slotted (_cover_key) left no wakeup for its
+    -- key, so this waits for the channel's lock exclusively (producers hold it shared until they
+    -- commit), and sees their jobs.
+    IF (p_key_max_concurrency IS NULL) <> (v_old_kcap IS NULL) THEN
+        PERFORM pg_advisory_xact_lock(1718681601, hashtext(p_name));
+    END IF;
+    -- Gaining a cap per key: a row per key with running or ready jobs, counting the running ones
+    -- (locking them waits for finishes in flight, as above), in turn if it has ready jobs (the claim
+    -- that finds it at its cap takes it out); a row with only running jobs holds the count.
     IF p_key_max_concurrency IS NOT NULL AND v_old_kcap IS NULL THEN
+        WITH running AS (
+            SELECT fair_key FROM fairqueue.running_job
+            WHERE channel = p_name AND worker_id IS NOT NULL AND fair_key IS NOT NULL FOR UPDATE
+        )
         INSERT INTO fairqueue.channel_key AS k (channel, fair_key, running, in_turn)
-        SELECT p_name, r.fair_key, count(*)::integer, false
-        FROM (SELECT fair_key FROM fairqueue.running_job
-              WHERE channel = p_name AND worker_id IS NOT NULL AND fair_key IS NOT NULL FOR UPDATE) AS r
+        SELECT p_name, r.fair_key, count(*) FILTER (WHERE r.running)::integer, bool_or(NOT r.running)
+        FROM (SELECT fair_key, true AS running FROM running
+              UNION ALL
+              SELECT fair_key, false FROM fairqueue.running_job
+              WHERE channel = p_name AND worker_id IS NULL AND fair_key IS NOT NULL) AS r
         GROUP BY r.fair_key
         ORDER BY r.fair_key
         ON CONFLICT (channel, fair_key) DO UPDATE SET running = EXCLUDED.running;
-    ELSIF p_key_max_concurrency IS NULL AND v_old_kcap IS NOT NULL THEN
-        UPDATE fairqueue.channel_key SET running = 0 WHERE channel = p_name AND running <> 0;
     END IF;
     -- Keys out of turn wait for a finish to free a slot under the old cap; under the new one (or none)
     -- they may have room now: wake them all. The intake puts back those below the cap, and a claim
     -- lets go of those with nothing ready.
+    -- (Without a cap per key, the wakeups only wake the channel, keyed, if it went idle with every
+    -- key at its cap.)
     IF p_key_max_concurrency IS DISTINCT FROM v_old_kcap THEN
         INSERT INTO fairqueue.channel_wakeup (channel, fair_key)
         SELECT k.channel, k.fair_key FROM fairqueue.channel_key k
         WHERE k.channel = p_name AND NOT k.in_turn ORDER BY k.fair_key;
+    END IF;
+    -- Losing the cap per key: the rows go, and the ready keyed jobs are given slots afresh, each
+    -- key's from the channel's frontier in priority, then enqueue order (under the cap they were taken
+    -- by key rows, not slots, so their slots no longer tell whose turn is next).
+    IF p_key_max_concurrency IS NULL AND v_old_kcap IS NOT NULL THEN
+        DELETE FROM fairqueue.channel_key WHERE channel = p_name;
+        UPDATE fairqueue.running_job r SET key_slot = s.slot, key_jump = false
+        FROM (SELECT x.job_id,
+                     min(x.key_slot) OVER () + row_number() OVER (PARTITION BY x.fair_key ORDER BY x.rank, x.job_id) - 1
+                         AS slot
+              FROM fairqueue.running_job x
+              WHERE x.channel = p_name AND x.worker_id IS NULL AND x.fair_key IS NOT NULL) AS s
+        WHERE r.job_id = s.job_id AND (r.key_slot IS DISTINCT FROM s.slot OR r.key_jump);
     END IF;
     PERFORM pg_notify('fairqueue', '');
 END $$;

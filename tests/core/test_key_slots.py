@@ -4,6 +4,8 @@ order, with no row per key. Each test here fails without the mechanism it names.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 import fairqueue
 from fairqueue import Outcome
 from tests.conftest import Connections
-from tests.helpers import ISOLATIONS, assert_consistent, in_thread, wait_until_blocked_or_done
+from tests.helpers import ISOLATIONS, assert_consistent, in_thread
 
 
 def _enqueue(db: psycopg.Connection[Any], kind: str, channel: str, key: str | None, priority: int = 0) -> int:
@@ -39,6 +41,20 @@ def _kinds(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
 
 def _one_at_a_time(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
     return [k for _ in range(n) for k in _kinds(db, worker, 1)]
+
+
+def wait_until_waiting(conn: psycopg.Connection[Any], thread: threading.Thread, pid: int, timeout: float = 30) -> bool:
+    """Waits until the session ``pid`` is waiting, on a lock or between tries for one (pg_sleep), while
+    ``thread`` runs; False if the thread finished first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not thread.is_alive():
+            return False
+        row = conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        if row and row[0] in ("PgSleep", "advisory"):
+            return True
+        time.sleep(0.005)
+    raise AssertionError("neither finished nor waiting")
 
 
 def _key_wakeups(conn: psycopg.Connection[Any]) -> int:
@@ -92,8 +108,14 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
     late = _enqueue(producer, "late", "acme", "late-key")
     assert _key_wakeups(conn) == 0
     configurer = connect()
+    pid = configurer.info.backend_pid
     t, errors = in_thread(lambda: fairqueue.configure_channel(configurer, "acme", key_max_concurrency=5))
-    assert wait_until_blocked_or_done(conn, t), "configure_channel did not wait for the open producer"
+    assert wait_until_waiting(conn, t, pid), "configure_channel did not wait for the open producer"
+    # it waits without queueing for the lock: another producer of the channel is not held up meanwhile
+    other = connect(autocommit=False)
+    other_job = _enqueue(other, "other", "acme", "other-key")
+    other.commit()
+    assert t.is_alive()
     producer.commit()
     t.join()
     assert not errors
@@ -101,7 +123,7 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
         "SELECT in_turn FROM fairqueue.channel_key WHERE channel = 'acme' AND fair_key = 'late-key'"
     ).fetchone() == (True,)
     assert_consistent(conn)
-    assert late in [j.id for j in fairqueue.claim_batch(conn, worker, 10)]
+    assert {late, other_job} <= {j.id for j in fairqueue.claim_batch(conn, worker, 10)}
 
 
 def test_losing_the_cap_per_key_gives_the_keys_slots_afresh_from_the_frontier(

@@ -27,6 +27,7 @@ DECLARE
     v_old_cap  integer;
     v_old_kcap integer;
     v_running  integer;
+    v_until    timestamptz;
 BEGIN
     IF p_name ~ '[\u0001-\u001f\u007f-\u009f]' THEN
         PERFORM fairqueue._refuse_control_characters(ARRAY['channel'], ARRAY[p_name]);
@@ -75,10 +76,21 @@ BEGIN
     -- in channel_key: its keys take turns by the slots their jobs carry. One that caps its keys takes
     -- turns by those rows, which also count each key's running jobs. Between the two, the producers
     -- must not be in flight: one that found the channel slotted (_cover_key) left no wakeup for its
-    -- key, so this waits for the channel's lock exclusively (producers hold it shared until they
-    -- commit), and sees their jobs.
+    -- key, so this takes the channel's lock exclusively (producers hold it shared until they
+    -- commit), and sees their jobs. It tries for it rather than queue for it: a request in the lock's
+    -- queue would make every new producer of the channel wait behind it (enqueue never waits), so
+    -- it retries every 5 ms, for at most 30 s or lock_timeout, and then gives up with an error.
     IF (p_key_max_concurrency IS NULL) <> (v_old_kcap IS NULL) THEN
-        PERFORM pg_advisory_xact_lock(1718681601, hashtext(p_name));
+        v_until := clock_timestamp() + least(interval '30 s',
+                                             coalesce(nullif(current_setting('lock_timeout'), '0')::interval,
+                                                      interval '30 s'));
+        WHILE NOT pg_try_advisory_xact_lock(1718681601, hashtext(p_name)) LOOP
+            IF clock_timestamp() >= v_until THEN
+                RAISE EXCEPTION 'fairqueue: channel % still has transactions enqueueing into it; its cap per fair key was not changed, try again', p_name
+                    USING ERRCODE = 'lock_not_available';
+            END IF;
+            PERFORM pg_sleep(0.005);
+        END LOOP;
     END IF;
     -- Gaining a cap per key: a row per key with running or ready jobs, counting the running ones
     -- (locking them waits for finishes in flight, as above), in turn if it has ready jobs (the claim

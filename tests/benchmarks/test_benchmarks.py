@@ -144,3 +144,19 @@ def test_keyed_order_times_the_keyed_claim_by_slots_and_by_rows_against_the_unke
     systems = {"no keys", "keys (slots)", "keys (rows: a cap per key)"}
     assert results["claims_per_system"] == 95 and set(results["claim_ms_p50"]) == systems
     assert results["p50_against_no_keys"]["no keys"] == 1.0
+
+
+def test_drain_runs_the_loop_the_floor_and_fairqueue_at_each_channel_count(server_url: str) -> None:
+    from benchmarks._common import fresh_database
+
+    url = fresh_database(server_url, "fq_drain")
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.drain", "--database-url", url, "--jobs", "300", "--processes", "1",
+         "--channels", "1", "--channels", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "hand-written SKIP LOCKED loop: 300 jobs" in out.stdout
+    for channels in (1, 3):
+        assert f"fair SQL floor, {channels} channel(s): 300 jobs" in out.stdout
+        assert f"fairqueue, {channels} channel(s): 300 jobs" in out.stdout

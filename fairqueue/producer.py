@@ -423,7 +423,9 @@ def configure_channel(
     - ``paused``: no job of the channel starts while true; jobs still queue.
     - ``key_max_concurrency``: jobs of any one fair key of the channel running at once across all
       workers, e.g. 2 for "each user at most 2 at once" (None: no cap per key). Jobs without a fair key
-      are not counted.
+      are not counted. Setting it where there was none, or clearing it, first waits for the
+      transactions enqueueing into the channel at that moment (at most ``lock_timeout`` or 30 s), then
+      raises ``psycopg.errors.LockNotAvailable`` and changes nothing.
 
     Runs in the caller's transaction and holds the channel's row until it ends: keep it short.
     """

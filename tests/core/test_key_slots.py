@@ -16,7 +16,7 @@ import pytest
 import fairqueue
 from fairqueue import Outcome
 from tests.conftest import Connections
-from tests.helpers import ISOLATIONS, assert_consistent, in_thread
+from tests.helpers import ISOLATIONS, assert_consistent, in_thread, key_rows
 
 
 def _enqueue(db: psycopg.Connection[Any], kind: str, channel: str, key: str | None, priority: int = 0) -> int:
@@ -124,6 +124,34 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
     ).fetchone() == (True,)
     assert_consistent(conn)
     assert {late, other_job} <= {j.id for j in fairqueue.claim_batch(conn, worker, 10)}
+
+
+def test_changing_the_cap_per_key_gives_up_after_lock_timeout_and_changes_nothing(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """While a producer of the channel stays in flight, configure_channel changing the cap per key tries
+    for the channel's lock until lock_timeout (at most 30 s), then fails with a clear message and leaves
+    the channel as it was; once the producer has committed, the same call goes through."""
+    _enqueue_many(conn, "acme", ["a"] * 3)
+    fairqueue.claim_batch(conn, worker, 1)
+    settings = "SELECT key_max_concurrency, keyed FROM fairqueue.channel WHERE name = 'acme'"
+    before = conn.execute(settings).fetchone(), key_rows(conn)
+    producer = connect(autocommit=False)
+    late = _enqueue(producer, "late", "acme", "late-key")
+    configurer = connect(autocommit=False)
+    configurer.execute("SET lock_timeout = '200ms'")
+    t0 = time.monotonic()
+    with pytest.raises(psycopg.errors.LockNotAvailable, match="still has transactions enqueueing into it"):
+        fairqueue.configure_channel(configurer, "acme", key_max_concurrency=5)
+    assert time.monotonic() - t0 < 15, "it waited past lock_timeout (for its 30 s at most)"
+    configurer.rollback()
+    assert (conn.execute(settings).fetchone(), key_rows(conn)) == before
+    producer.commit()
+    fairqueue.configure_channel(configurer, "acme", key_max_concurrency=5)
+    configurer.commit()
+    assert conn.execute(settings).fetchone() == (5, True)
+    assert_consistent(conn)
+    assert late in {j.id for j in fairqueue.claim_batch(conn, worker, 10)}
 
 
 def test_losing_the_cap_per_key_gives_the_keys_slots_afresh_from_the_frontier(

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -436,3 +436,26 @@ def producer_role_for(conn: psycopg.Connection[Any], db_url: str) -> Iterator[st
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
         conn.execute(f'DROP OWNED BY "{name}"')
         conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def enqueue_keyed(db: psycopg.Connection[Any], kind: str, channel: str, key: str | None, priority: int = 0) -> int:
+    """One job of ``channel`` with fair key ``key`` (None: none), through the SQL function; its id."""
+    row = db.execute(
+        "SELECT job_id FROM fairqueue.enqueue(%s, '{}'::jsonb, %s, p_priority => %s::smallint, p_fair_key => %s)",
+        (kind, channel, priority, key),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def enqueue_keyed_many(db: psycopg.Connection[Any], channel: str, keys: Sequence[str | None], kind: str = "k") -> None:
+    """A job of ``channel`` for each of ``keys``, in one enqueue_many."""
+    db.execute(
+        "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
+        ([kind] * len(keys), [channel] * len(keys), keys),
+    )
+
+
+def claimed_kinds(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
+    """The kinds of the jobs one claim of ``n`` takes, in service order."""
+    return [j.kind for j in fairqueue.claim_batch(db, worker, n)]

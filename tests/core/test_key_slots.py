@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -16,31 +15,19 @@ import pytest
 import fairqueue
 from fairqueue import Outcome
 from tests.conftest import Connections
-from tests.helpers import ISOLATIONS, assert_consistent, in_thread, key_rows
-
-
-def _enqueue(db: psycopg.Connection[Any], kind: str, channel: str, key: str | None, priority: int = 0) -> int:
-    row = db.execute(
-        "SELECT job_id FROM fairqueue.enqueue(%s, '{}'::jsonb, %s, p_priority => %s::smallint, p_fair_key => %s)",
-        (kind, channel, priority, key),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _enqueue_many(db: psycopg.Connection[Any], channel: str, keys: Sequence[str | None], kind: str = "k") -> None:
-    db.execute(
-        "SELECT fairqueue.enqueue_many(%s::text[], p_channels => %s::text[], p_fair_keys => %s::text[])",
-        ([kind] * len(keys), [channel] * len(keys), keys),
-    )
-
-
-def _kinds(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
-    return [j.kind for j in fairqueue.claim_batch(db, worker, n)]
+from tests.helpers import (
+    ISOLATIONS,
+    assert_consistent,
+    claimed_kinds,
+    enqueue_keyed,
+    enqueue_keyed_many,
+    in_thread,
+    key_rows,
+)
 
 
 def _one_at_a_time(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
-    return [k for _ in range(n) for k in _kinds(db, worker, 1)]
+    return [k for _ in range(n) for k in claimed_kinds(db, worker, 1)]
 
 
 def wait_until_waiting(conn: psycopg.Connection[Any], thread: threading.Thread, pid: int, timeout: float = 30) -> bool:
@@ -67,7 +54,7 @@ def test_a_claim_over_keys_without_a_cap_keeps_no_row_per_key(conn: psycopg.Conn
     """The keys of a channel without a cap per key take turns by their jobs' slots: none has a row (the
     intake that makes the channel keyed writes none)."""
     fairqueue.configure_channel(conn, "acme", weight=2)
-    _enqueue_many(conn, "acme", ["bulk"] * 50 + [f"user-{i}" for i in range(5)])
+    enqueue_keyed_many(conn, "acme", ["bulk"] * 50 + [f"user-{i}" for i in range(5)])
     assert Counter(k.fair_key for k in fairqueue.claim_batch(conn, worker, 6)) == {
         "bulk": 1,
         **{f"user-{i}": 1 for i in range(5)},
@@ -84,14 +71,14 @@ def test_a_job_of_a_new_key_in_a_keyed_active_channel_needs_no_wakeup_under_read
     """Under READ COMMITTED a producer finds the channel active and slotted (channel_active.slotted,
     under the channel's lock held shared) and writes the job alone, whatever its key; under
     REPEATABLE READ and SERIALIZABLE it leaves one wakeup per key, as before. The claims take it."""
-    _enqueue_many(conn, "acme", ["a"] * 3)
+    enqueue_keyed_many(conn, "acme", ["a"] * 3)
     fairqueue.claim_batch(conn, worker, 1)
     assert _key_wakeups(conn) == 0
     producer = connect(autocommit=False, isolation=isolation)
-    new = _enqueue(producer, "new", "acme", "brand-new")
+    new = enqueue_keyed(producer, "new", "acme", "brand-new")
     producer.commit()
     assert _key_wakeups(conn) == (0 if isolation == "read committed" else 1)
-    assert "new" in _kinds(conn, worker, 2)
+    assert "new" in claimed_kinds(conn, worker, 2)
     assert_consistent(conn)
     assert new
 
@@ -102,10 +89,10 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
     """A producer that found the channel slotted left no wakeup for its key. configure_channel gaining
     a cap per key builds the keys' rows from the ready jobs, so it waits for that producer (the
     channel's lock, exclusively), and the key gets its row and its turn."""
-    _enqueue_many(conn, "acme", ["a"] * 3)
+    enqueue_keyed_many(conn, "acme", ["a"] * 3)
     fairqueue.claim_batch(conn, worker, 1)
     producer = connect(autocommit=False)
-    late = _enqueue(producer, "late", "acme", "late-key")
+    late = enqueue_keyed(producer, "late", "acme", "late-key")
     assert _key_wakeups(conn) == 0
     configurer = connect()
     pid = configurer.info.backend_pid
@@ -113,7 +100,7 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
     assert wait_until_waiting(conn, t, pid), "configure_channel did not wait for the open producer"
     # it waits without queueing for the lock: another producer of the channel is not held up meanwhile
     other = connect(autocommit=False)
-    other_job = _enqueue(other, "other", "acme", "other-key")
+    other_job = enqueue_keyed(other, "other", "acme", "other-key")
     other.commit()
     assert t.is_alive()
     producer.commit()
@@ -132,12 +119,12 @@ def test_changing_the_cap_per_key_gives_up_after_lock_timeout_and_changes_nothin
     """While a producer of the channel stays in flight, configure_channel changing the cap per key tries
     for the channel's lock until lock_timeout (at most 30 s), then fails with a clear message and leaves
     the channel as it was; once the producer has committed, the same call goes through."""
-    _enqueue_many(conn, "acme", ["a"] * 3)
+    enqueue_keyed_many(conn, "acme", ["a"] * 3)
     fairqueue.claim_batch(conn, worker, 1)
     settings = "SELECT key_max_concurrency, keyed FROM fairqueue.channel WHERE name = 'acme'"
     before = conn.execute(settings).fetchone(), key_rows(conn)
     producer = connect(autocommit=False)
-    late = _enqueue(producer, "late", "acme", "late-key")
+    late = enqueue_keyed(producer, "late", "acme", "late-key")
     configurer = connect(autocommit=False)
     configurer.execute("SET lock_timeout = '200ms'")
     t0 = time.monotonic()
@@ -161,8 +148,8 @@ def test_losing_the_cap_per_key_gives_the_keys_slots_afresh_from_the_frontier(
     their slots no longer say whose turn is next. Losing the cap renumbers them from the frontier, so
     the keys alternate again (without it, a, held at its cap, would take the next turns alone)."""
     fairqueue.configure_channel(conn, "acme", key_max_concurrency=1)
-    _enqueue_many(conn, "acme", ["a"] * 5, kind="a")
-    _enqueue_many(conn, "acme", ["b"] * 5, kind="b")
+    enqueue_keyed_many(conn, "acme", ["a"] * 5, kind="a")
+    enqueue_keyed_many(conn, "acme", ["b"] * 5, kind="b")
     first = fairqueue.claim_batch(conn, worker, 2)
     assert sorted(j.kind for j in first) == ["a", "b"]
     for _ in range(2):  # b runs two more jobs while a stays at its cap
@@ -172,7 +159,7 @@ def test_losing_the_cap_per_key_gives_the_keys_slots_afresh_from_the_frontier(
         assert [j.kind for j in first] == ["b"]
     fairqueue.configure_channel(conn, "acme")
     assert conn.execute("SELECT count(*) FROM fairqueue.channel_key").fetchone() == (0,)
-    assert Counter(_kinds(conn, worker, 4)) == {"a": 2, "b": 2}
+    assert Counter(claimed_kinds(conn, worker, 4)) == {"a": 2, "b": 2}
     assert_consistent(conn)
 
 
@@ -182,9 +169,9 @@ def test_a_higher_priority_job_takes_its_keys_next_turn_and_hands_its_slot_on(
     """A job ahead of its key's order (key_jump) goes in its key's next turn, and the job whose turn it
     took moves to the slot it leaves: the key keeps one turn per job, no more (without the hand-over it
     would have two turns at one slot) and no fewer."""
-    _enqueue_many(conn, "acme", ["a"] * 3, kind="a")
-    _enqueue_many(conn, "acme", ["b"] * 3, kind="b")
-    _enqueue(conn, "a-urgent", "acme", "a", priority=10)
+    enqueue_keyed_many(conn, "acme", ["a"] * 3, kind="a")
+    enqueue_keyed_many(conn, "acme", ["b"] * 3, kind="b")
+    enqueue_keyed(conn, "a-urgent", "acme", "a", priority=10)
     order = _one_at_a_time(conn, worker, 7)
     assert order == ["a-urgent", "b", "a", "b", "a", "b", "a"]
     assert_consistent(conn)
@@ -193,8 +180,8 @@ def test_a_higher_priority_job_takes_its_keys_next_turn_and_hands_its_slot_on(
 def test_a_job_handed_back_goes_first_in_its_keys_next_turn(conn: psycopg.Connection[Any], worker: int) -> None:
     """release makes a job ready again, behind its key's last slot but ahead of its key's jobs in
     enqueue order: it takes the key's next turn."""
-    _enqueue_many(conn, "acme", ["a"] * 3, kind="a")
-    _enqueue_many(conn, "acme", ["b"] * 3, kind="b")
+    enqueue_keyed_many(conn, "acme", ["a"] * 3, kind="a")
+    enqueue_keyed_many(conn, "acme", ["b"] * 3, kind="b")
     [first] = fairqueue.claim_batch(conn, worker, 1)
     assert fairqueue.release(conn, worker, [first.id]) == 1
     taken = [j for _ in range(6) for j in fairqueue.claim_batch(conn, worker, 1)]
@@ -207,11 +194,11 @@ def test_jobs_without_a_key_bank_no_turns_while_the_keys_run_dry(conn: psycopg.C
     """The turn '' of a keyed channel's jobs without a key stays within one turn of the keys' frontier.
     Here it runs alone for a while (its slot climbs), the keys run dry, and a new key joins at slot 0:
     the two alternate (without the bound, the new key would take a turn for every one '' took alone)."""
-    _enqueue(conn, "a", "acme", "a")
-    _enqueue_many(conn, "acme", [None] * 30, kind="plain")
-    assert Counter(_kinds(conn, worker, 11)) == {"a": 1, "plain": 10}
-    _enqueue_many(conn, "acme", ["b"] * 10, kind="b")
-    assert Counter(_kinds(conn, worker, 4)) == {"b": 2, "plain": 2}
+    enqueue_keyed(conn, "a", "acme", "a")
+    enqueue_keyed_many(conn, "acme", [None] * 30, kind="plain")
+    assert Counter(claimed_kinds(conn, worker, 11)) == {"a": 1, "plain": 10}
+    enqueue_keyed_many(conn, "acme", ["b"] * 10, kind="b")
+    assert Counter(claimed_kinds(conn, worker, 4)) == {"b": 2, "plain": 2}
     assert_consistent(conn)
 
 
@@ -220,13 +207,13 @@ def test_a_key_that_joins_starts_at_the_frontier_not_at_the_first_slot(
 ) -> None:
     """A key with no ready job joins at the lowest slot ready in its channel: it neither waits behind
     every turn the keys already there hold, nor takes the turns they already had."""
-    _enqueue_many(conn, "acme", ["a"] * 20, kind="a")
-    _enqueue_many(conn, "acme", ["b"] * 20, kind="b")
-    assert Counter(_kinds(conn, worker, 20)) == {"a": 10, "b": 10}
-    _enqueue(conn, "c", "acme", "c")
-    assert "c" in _kinds(conn, worker, 3)
-    _enqueue_many(conn, "acme", ["d"] * 20, kind="d")
-    assert Counter(_kinds(conn, worker, 9)) == {"a": 3, "b": 3, "d": 3}
+    enqueue_keyed_many(conn, "acme", ["a"] * 20, kind="a")
+    enqueue_keyed_many(conn, "acme", ["b"] * 20, kind="b")
+    assert Counter(claimed_kinds(conn, worker, 20)) == {"a": 10, "b": 10}
+    enqueue_keyed(conn, "c", "acme", "c")
+    assert "c" in claimed_kinds(conn, worker, 3)
+    enqueue_keyed_many(conn, "acme", ["d"] * 20, kind="d")
+    assert Counter(claimed_kinds(conn, worker, 9)) == {"a": 3, "b": 3, "d": 3}
     assert_consistent(conn)
 
 
@@ -235,10 +222,10 @@ def test_a_job_after_one_out_of_order_takes_the_slot_after_it(conn: psycopg.Conn
     out of order's: a job added after a higher-priority one takes the slot after both, so the key
     keeps one turn per job (without it, the two would share a slot and the key take two turns in a
     row)."""
-    _enqueue_many(conn, "acme", ["a"] * 2, kind="a")
-    _enqueue(conn, "a", "acme", "a", priority=10)
-    _enqueue(conn, "a", "acme", "a")
-    _enqueue_many(conn, "acme", ["b"] * 4, kind="b")
+    enqueue_keyed_many(conn, "acme", ["a"] * 2, kind="a")
+    enqueue_keyed(conn, "a", "acme", "a", priority=10)
+    enqueue_keyed(conn, "a", "acme", "a")
+    enqueue_keyed_many(conn, "acme", ["b"] * 4, kind="b")
     order = _one_at_a_time(conn, worker, 8)
     assert order in (["a", "b"] * 4, ["b", "a"] * 4)
     assert_consistent(conn)

@@ -290,9 +290,13 @@ def _limited_jobs(channel: str, n: int, limited: bool, job_ms: int) -> list[fair
     return [fairqueue.JobSpec(noop.name, channel=channel, limits=limits) for _ in range(n)]
 
 
-def _limit_run(run: Run, args: Any, *, limited: bool, job_ms: int = 0) -> tuple[dict[str, float], int]:
+def _limit_run(
+    run: Run, args: Any, *, limited: bool, job_ms: int = 0, channel_caps: int | None = None
+) -> tuple[dict[str, float], int]:
     """One run of scenario 4, the three tenants kept backlogged, acme's and globex's jobs with the
-    limit or (the control) without: (jobs started per tenant per second, the most seen holding it)."""
+    limit or (the control) without: (jobs started per tenant per second, the most seen holding it).
+    With ``channel_caps``, acme's and globex's channels are each capped at that many running jobs
+    (benchmarks.limit_bound: a cap counted where the jobs are claimed, in place of the limit)."""
     tenants = list(TENANTS)
     system = Fairqueue(args.processes, args.concurrency, args.batch)
     url = run.database("fq_fairness")
@@ -300,6 +304,8 @@ def _limit_run(run: Run, args: Any, *, limited: bool, job_ms: int = 0) -> tuple[
     per_tenant = args.backlog // len(TENANTS)
     with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as probe:
         fairqueue.configure_limit(conn, "api", max_concurrency=args.limit)
+        for tenant in ("acme", "globex") if channel_caps else ():
+            fairqueue.configure_channel(conn, tenant, max_concurrency=channel_caps)
         for tenant in tenants:
             fairqueue.enqueue_many(conn, _limited_jobs(tenant, per_tenant, limited, job_ms))
 

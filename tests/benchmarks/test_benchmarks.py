@@ -160,3 +160,15 @@ def test_drain_runs_the_loop_the_floor_and_fairqueue_at_each_channel_count(serve
     for channels in (1, 3):
         assert f"fair SQL floor, {channels} channel(s): 300 jobs" in out.stdout
         assert f"fairqueue, {channels} channel(s): 300 jobs" in out.stdout
+
+
+def test_limit_bound_runs_the_control_the_shared_limit_and_the_channel_caps(server_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.limit_bound", "--database-url", server_url, "--pairs", "1",
+         "--seconds", "2", "--limit", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    for line in ("round 1: no limit: acme", "round 1: shared limit: acme", "round 1: channel caps: acme"):
+        assert line in out.stdout
+    assert "channel caps: initech's share, median" in out.stdout

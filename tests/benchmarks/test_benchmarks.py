@@ -146,6 +146,11 @@ def test_keyed_order_times_the_keyed_claim_by_slots_and_by_rows_against_the_unke
     assert results["p50_against_no_keys"]["no keys"] == 1.0
 
 
+def test_fairness_runs_its_scenarios_on_fairqueue(server_url: str, tmp_path: Path) -> None:
+    data = _bench("fairness", server_url, tmp_path, "--quick", "--no-peers", "--seconds", "1")
+    assert set(data["results"]) == {"flood", "equal_channels", "two_levels"}
+
+
 def test_drain_runs_the_loop_the_floor_and_fairqueue_at_each_channel_count(server_url: str) -> None:
     from benchmarks._common import fresh_database
 

@@ -206,10 +206,16 @@ def count(conn: psycopg.Connection[Any], table: str) -> int:
 
 
 def wait_until_blocked_or_done(
-    conn: psycopg.Connection[Any], thread: threading.Thread, timeout: float = 30, *, pid: int | None = None
+    conn: psycopg.Connection[Any],
+    thread: threading.Thread,
+    timeout: float = 30,
+    *,
+    pid: int | None = None,
+    or_retrying: bool = False,
 ) -> bool:
     """Waits until ``thread`` has finished or another session (the session ``pid``, if given) is
-    waiting on a lock; True if blocked.
+    waiting on a lock; True if blocked. With ``or_retrying``, a session sleeping between tries for a
+    lock (pg_sleep, as configure_channel's try-lock loop does) counts as blocked too.
 
     Lets a test hold a transaction open exactly until the racing operation has either run to
     completion (the bug) or queued up behind the lock (the fix), with no fixed sleep.
@@ -219,9 +225,10 @@ def wait_until_blocked_or_done(
         if not thread.is_alive():
             return False
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND (wait_event_type = 'Lock' OR (%s AND wait_event = 'PgSleep'))"
             " AND (%s::integer IS NULL OR pid = %s::integer)",
-            (pid, pid),
+            (or_retrying, pid, pid),
         ).fetchone()
         if row and row[0] > 0:
             return True

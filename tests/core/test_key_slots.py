@@ -4,7 +4,6 @@ order, with no row per key. Each test here fails without the mechanism it names.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from typing import Any
@@ -23,25 +22,12 @@ from tests.helpers import (
     enqueue_keyed_many,
     in_thread,
     key_rows,
+    wait_until_blocked_or_done,
 )
 
 
 def _one_at_a_time(db: psycopg.Connection[Any], worker: int, n: int) -> list[str]:
     return [k for _ in range(n) for k in claimed_kinds(db, worker, 1)]
-
-
-def wait_until_waiting(conn: psycopg.Connection[Any], thread: threading.Thread, pid: int, timeout: float = 30) -> bool:
-    """Waits until the session ``pid`` is waiting, on a lock or between tries for one (pg_sleep), while
-    ``thread`` runs; False if the thread finished first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not thread.is_alive():
-            return False
-        row = conn.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-        if row and row[0] in ("PgSleep", "advisory"):
-            return True
-        time.sleep(0.005)
-    raise AssertionError("neither finished nor waiting")
 
 
 def _key_wakeups(conn: psycopg.Connection[Any]) -> int:
@@ -97,7 +83,9 @@ def test_adding_a_cap_per_key_waits_for_a_producer_that_found_the_channel_slotte
     configurer = connect()
     pid = configurer.info.backend_pid
     t, errors = in_thread(lambda: fairqueue.configure_channel(configurer, "acme", key_max_concurrency=5))
-    assert wait_until_waiting(conn, t, pid), "configure_channel did not wait for the open producer"
+    assert wait_until_blocked_or_done(conn, t, pid=pid, or_retrying=True), (
+        "configure_channel did not wait for the open producer"
+    )
     # it waits without queueing for the lock: another producer of the channel is not held up meanwhile
     other = connect(autocommit=False)
     other_job = enqueue_keyed(other, "other", "acme", "other-key")

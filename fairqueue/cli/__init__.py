@@ -32,6 +32,17 @@ __all__ = ["EXIT_FAILURE", "EXIT_USAGE", "add_worker_options", "build_parser", "
 _NOT_INSTALLED = frozenset({"42P01", "42883", "3F000"})
 
 
+def _cannot_connect(exc: psycopg.Error) -> bool:
+    """A failure to reach or stay connected to the server: a client-side OperationalError (no SQLSTATE),
+    a connection exception (class 08), or the server shutting down or starting (57P01-57P03). psycopg
+    also raises OperationalError for errors of a running statement (a lock not available, a timeout
+    or a cancel), which are database errors like any other."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in {"57P01", "57P02", "57P03"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="fairqueue",
@@ -64,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = getattr(args, "database_url", None)
         # a driver's message may quote the URL it was given: never with its password
         secret_of = url or os.environ.get(ENV_VAR)
-        if isinstance(driver, psycopg.OperationalError):
+        if driver is not None and _cannot_connect(driver):
             where = f" {redact(url)}" if url else ""
             message = scrub(db_error_text(driver), secret_of)
             print(f"fairqueue: error: cannot connect to the database{where}: {message}", file=sys.stderr)

@@ -107,6 +107,29 @@ def test_a_database_error_inside_a_function_prints_its_primary_message_alone(
     assert count(conn, "job") == 0
 
 
+def test_a_database_error_of_the_statement_is_not_reported_as_a_failure_to_connect(
+    cli: Run, conn: psycopg.Connection[Any], connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg raises OperationalError for a lock not available too (configure_channel giving up on a
+    channel with producers in flight): a database error with its message, not "cannot connect"."""
+    fairqueue.enqueue_many(conn, [fairqueue.JobSpec("k", channel="acme", fair_key="a")] * 2)
+    worker = fairqueue.register_worker(conn)
+    fairqueue.claim_batch(conn, worker, 1)  # acme active and keyed
+    producer = connect(autocommit=False)
+    fairqueue.enqueue(producer, "k", channel="acme", fair_key="b")  # in flight
+    monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=200ms")
+    try:
+        code, _, err = cli("channels", "set", "acme", "--key-max-concurrency", "2")
+    finally:
+        producer.rollback()
+    assert code == 1
+    assert _one_error_line(err) == (
+        "fairqueue: error: database error: fairqueue: channel acme still has transactions enqueueing into it;"
+        " its cap per fair key was not changed, try again"
+    )
+    assert conn.execute("SELECT key_max_concurrency FROM fairqueue.channel WHERE name = 'acme'").fetchone() == (None,)
+
+
 def test_a_database_error_with_control_characters_prints_them_as_escapes(
     cli: Run, conn: psycopg.Connection[Any]
 ) -> None:

@@ -11,13 +11,14 @@ from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
 from django.contrib.admin.views.main import SEARCH_VAR
 from django.core.exceptions import BadRequest, PermissionDenied
-from django.db import connections, transaction
-from django.http import HttpRequest, HttpResponse
+from django.db import DatabaseError, connections, transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 import fairqueue
+from fairqueue._db import db_error_text, psycopg_error
 from fairqueue.channels import burst_number
 from fairqueue.errors import InvalidChannelConfigError
 from fairqueue.status import collect_busiest_keys, describe_keys
@@ -341,6 +342,25 @@ class ChannelAdmin(QueueAdmin):
 
     def save_model(self, request: HttpRequest, obj: Channel, form: Any, change: bool) -> None:
         save_changed_settings(form, LIMIT_FIELDS, lambda **changes: edit_channel(obj.name, **changes))
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A save that configure_channel gives up on (adding or removing the cap per fair key while
+        transactions are enqueueing into the channel: lock_not_available, nothing changed) goes back
+        to the page with the reason, not to an error page."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DatabaseError as exc:
+            driver = psycopg_error(exc)
+            if driver is None or driver.sqlstate != "55P03":
+                raise
+            self.message_user(request, f"Not saved: {visible(db_error_text(driver))}", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def _set_paused(self, request: HttpRequest, queryset: Any, paused: bool) -> None:
         if not self.has_change_permission(request):

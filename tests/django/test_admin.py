@@ -18,7 +18,7 @@ import fairqueue
 
 django = pytest.importorskip("django")
 
-from django.db import DatabaseError  # noqa: E402
+from django.db import DatabaseError, connections  # noqa: E402
 from django.test import Client  # noqa: E402
 
 import fairqueue_django  # noqa: E402
@@ -672,6 +672,28 @@ def test_a_cap_per_fair_key_is_edited_on_the_channel_page(
     assert _channel(dj, "tenant-a") == (5, "10/s", 3.0, 2, False)  # the other settings kept
     client.post(url, _form_data(client.get(url).context["adminform"].form, key_max_concurrency=None))
     assert dj.execute("SELECT key_max_concurrency FROM fairqueue.channel WHERE name = 'tenant-a'").fetchone() == (None,)
+
+
+def test_a_cap_per_fair_key_the_channel_cannot_take_yet_is_a_message_on_the_page(
+    login: MakeClient, queue: Queue, dj: psycopg.Connection[Any], django_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adding a cap per key waits for the transactions enqueueing into the channel (at most lock_timeout
+    or 30 s), then gives up and changes nothing: the page says so, rather than an error page."""
+    client = login("root", superuser=True)
+    url = f"{ADMIN}/channel/tenant-a/change/"
+    form = client.get(url).context["adminform"].form
+    before = _channel(dj, "tenant-a")
+    with psycopg.connect(django_url) as producer:  # a transaction enqueueing into tenant-a, open
+        fairqueue.enqueue(producer, "reports.build", channel="tenant-a", fair_key="user-1")
+        monkeypatch.setenv("PGOPTIONS", "-c lock_timeout=200ms")  # for the request's own connection
+        connections.close_all()  # (opened anew, with it)
+        response = client.post(url, _form_data(form, key_max_concurrency=2), follow=True)
+        producer.rollback()
+    assert response.status_code == 200
+    assert any(
+        "Not saved: fairqueue: channel tenant-a still has transactions enqueueing" in m for m in _messages(response)
+    )
+    assert _channel(dj, "tenant-a") == before
 
 
 def test_saving_an_old_page_does_not_undo_a_pause_made_meanwhile(

@@ -129,6 +129,36 @@ def test_changing_the_cap_per_key_gives_up_after_lock_timeout_and_changes_nothin
     assert late in {j.id for j in fairqueue.claim_batch(conn, worker, 10)}
 
 
+def test_the_channel_keeps_being_served_while_a_cap_per_key_waits_for_its_producers(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """configure_channel tries for the channel's lock (its producers in flight) before it takes the
+    channel's row: the claims serve the channel meanwhile, under its old settings, and the cap per key
+    then counts the jobs they started. Holding the row through the wait (up to 30 s) stalled the
+    channel: every claim skips a row another transaction holds."""
+    enqueue_keyed_many(conn, "acme", ["a", "a", "b", "b", "c"])
+    fairqueue.claim_batch(conn, worker, 1)
+    producer = connect(autocommit=False)
+    late = enqueue_keyed(producer, "late", "acme", "a")
+    configurer = connect()
+    pid = configurer.info.backend_pid
+    t, errors = in_thread(lambda: fairqueue.configure_channel(configurer, "acme", key_max_concurrency=2))
+    assert wait_until_blocked_or_done(conn, t, pid=pid, or_retrying=True), "configure_channel did not wait"
+    served = fairqueue.claim_batch(conn, worker, 10)
+    assert t.is_alive()
+    assert len(served) == 4, "the channel was not served while configure_channel waited for its producer"
+    producer.commit()
+    t.join()
+    assert not errors
+    assert conn.execute("SELECT key_max_concurrency FROM fairqueue.channel WHERE name = 'acme'").fetchone() == (2,)
+    assert conn.execute(
+        "SELECT fair_key, running, in_turn FROM fairqueue.channel_key WHERE channel = 'acme' ORDER BY fair_key"
+    ).fetchall() == [("a", 2, True), ("b", 2, False), ("c", 1, False)]
+    assert_consistent(conn)
+    assert fairqueue.claim_batch(conn, worker, 10) == []  # a is at its cap: late waits for a slot
+    assert conn.execute("SELECT job_id FROM fairqueue.running_job WHERE worker_id IS NULL").fetchall() == [(late,)]
+
+
 def test_losing_the_cap_per_key_gives_the_keys_slots_afresh_from_the_frontier(
     conn: psycopg.Connection[Any], worker: int
 ) -> None:

@@ -35,6 +35,30 @@ BEGIN
     -- Exclusive until commit: a claim sharing this channel without its row (see claim) takes the
     -- shared lock first, so it either finished before (its jobs are counted below) or skips it.
     PERFORM pg_advisory_xact_lock(1718681603, hashtext(p_name));
+    -- Fair keys (schema/35_fair_keys.sql). A channel without a cap per key has no rows
+    -- in channel_key: its keys take turns by the slots their jobs carry. One that caps its keys takes
+    -- turns by those rows, which also count each key's running jobs. Between the two, the producers
+    -- must not be in flight: one that found the channel slotted (_cover_key) left no wakeup for its
+    -- key, so this takes the channel's lock exclusively (producers hold it shared until they
+    -- commit), and sees their jobs. It tries for it rather than queue for it: a request in the lock's
+    -- queue would make every new producer of the channel wait behind it (enqueue never waits), so
+    -- it retries every 5 ms, for at most 30 s or lock_timeout, and then gives up with an error.
+    -- It does so before it takes the channel's row (fq0026): claims skip a row another transaction
+    -- holds, so holding it through the wait stalled the channel. The key cap it reads first without
+    -- the row cannot change meanwhile: every change of it holds the settings lock taken above.
+    IF (p_key_max_concurrency IS NULL)
+       <> ((SELECT c.key_max_concurrency FROM fairqueue.channel c WHERE c.name = p_name) IS NULL) THEN
+        v_until := clock_timestamp() + least(interval '30 s',
+                                             coalesce(nullif(current_setting('lock_timeout'), '0')::interval,
+                                                      interval '30 s'));
+        WHILE NOT pg_try_advisory_xact_lock(1718681601, hashtext(p_name)) LOOP
+            IF clock_timestamp() >= v_until THEN
+                RAISE EXCEPTION 'fairqueue: channel % still has transactions enqueueing into it; its cap per fair key was not changed, try again', p_name
+                    USING ERRCODE = 'lock_not_available';
+            END IF;
+            PERFORM pg_sleep(0.005);
+        END LOOP;
+    END IF;
     SELECT max_concurrency, key_max_concurrency INTO v_old_cap, v_old_kcap
     FROM fairqueue.channel WHERE name = p_name FOR NO KEY UPDATE;
     SELECT min(vtime) INTO v_vnow FROM fairqueue.channel WHERE eligible AND vtime >= fairqueue._vtime_floor();
@@ -72,26 +96,6 @@ BEGIN
         UPDATE fairqueue.channel SET running = 0 WHERE name = p_name AND running <> 0;
     END IF;
 
-    -- The same one level down (schema/35_fair_keys.sql). A channel without a cap per key has no rows
-    -- in channel_key: its keys take turns by the slots their jobs carry. One that caps its keys takes
-    -- turns by those rows, which also count each key's running jobs. Between the two, the producers
-    -- must not be in flight: one that found the channel slotted (_cover_key) left no wakeup for its
-    -- key, so this takes the channel's lock exclusively (producers hold it shared until they
-    -- commit), and sees their jobs. It tries for it rather than queue for it: a request in the lock's
-    -- queue would make every new producer of the channel wait behind it (enqueue never waits), so
-    -- it retries every 5 ms, for at most 30 s or lock_timeout, and then gives up with an error.
-    IF (p_key_max_concurrency IS NULL) <> (v_old_kcap IS NULL) THEN
-        v_until := clock_timestamp() + least(interval '30 s',
-                                             coalesce(nullif(current_setting('lock_timeout'), '0')::interval,
-                                                      interval '30 s'));
-        WHILE NOT pg_try_advisory_xact_lock(1718681601, hashtext(p_name)) LOOP
-            IF clock_timestamp() >= v_until THEN
-                RAISE EXCEPTION 'fairqueue: channel % still has transactions enqueueing into it; its cap per fair key was not changed, try again', p_name
-                    USING ERRCODE = 'lock_not_available';
-            END IF;
-            PERFORM pg_sleep(0.005);
-        END LOOP;
-    END IF;
     -- Gaining a cap per key: a row per key with running or ready jobs, counting the running ones
     -- (locking them waits for finishes in flight, as above), in turn if it has ready jobs (the claim
     -- that finds it at its cap takes it out); a row with only running jobs holds the count.

@@ -355,8 +355,9 @@ class LimitTurn(Base):
 
 class LimitRelease(Base):
     """Slots of a shared limit given back by jobs that ended, not yet taken off ``SharedLimit.held``
-    (a finish only inserts here; the next intake holding the limit's row subtracts them), and jobs
-    to put in the limit's line (``job_id``), left by an intake that found the limit's row held."""
+    (a finish only inserts here; the next intake holding the limit's row subtracts them), and
+    channels to give a turn in the limit's line (``channel``), whose jobs joined it without the
+    limit's row."""
 
     __tablename__ = "limit_release"
     __table_args__ = (
@@ -367,9 +368,12 @@ class LimitRelease(Base):
     id: Mapped[int] = mapped_column(BigInteger, Identity(always=True), primary_key=True)
     limit_name: Mapped[str] = mapped_column(Text)
     n: Mapped[int] = mapped_column(Integer)
-    # with n = 0: put this job (in scheduled_job at this attempt) in the limit's line
+    # with n = 0 and no channel: put this job (in scheduled_job at this attempt) in the limit's line
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     attempt: Mapped[int | None] = mapped_column(Integer)
+    # with n = 0: give this channel a turn in the limit's line (jobs of it joined the line without the
+    # limit's row: a producer, or an intake that found the row held; schema revision fq0027)
+    channel: Mapped[str | None] = mapped_column(Text)
 
 
 class Worker(Base):

@@ -451,14 +451,16 @@ class SharedLimit(ReadOnlyModel):
 
 
 class LimitRelease(ReadOnlyModel):
-    """Slots given back to a shared limit that no intake has taken off its held count yet (n), and jobs
-    left to be put in its line (job_id, with n = 0)."""
+    """Slots given back to a shared limit that no intake has taken off its held count yet (n), and
+    channels to give a turn in its line (channel, with n = 0: their jobs joined it without the limit's
+    row)."""
 
     id = models.BigIntegerField(primary_key=True)
     limit_name = models.TextField()
     n = models.IntegerField()
     job_id = models.BigIntegerField(null=True)
     attempt = models.IntegerField(null=True)
+    channel = models.TextField(null=True)
 
     class Meta:
         managed = False

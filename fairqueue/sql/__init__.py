@@ -98,6 +98,7 @@ REVISIONS: tuple[Revision, ...] = (
     Revision("fq0024", "wake_snapshot", "the intake reads the channels it wakes after locking them"),
     Revision("fq0025", "key_slots", "keys take turns by slots their jobs carry, without a row per key"),
     Revision("fq0026", "configure_wait", "configure_channel waits for producers before it takes the channel's row"),
+    Revision("fq0027", "producer_lines", "a job ready but for its limits joins a line in its producer's transaction"),
 )
 HEAD = REVISIONS[-1].id
 _BY_ID = {r.id: r for r in REVISIONS}

@@ -17,7 +17,7 @@ import fairqueue
 from fairqueue import Outcome
 from fairqueue.errors import InvalidChannelConfigError, InvalidJobError
 from tests.conftest import Connections
-from tests.helpers import assert_consistent
+from tests.helpers import assert_consistent, race_against_open_transaction
 
 
 def _enqueue(db: psycopg.Connection[Any], channel: str, n: int, limits: Sequence[str] | None, kind: str = "k") -> None:
@@ -748,4 +748,120 @@ def test_slots_handed_to_idle_channels_in_a_flood_lose_no_job_and_keep_the_share
     assert abs(shares["acme"] - shares["globex"]) <= 6, shares
     assert conn.execute("SELECT count(*) FROM fairqueue.job").fetchone() == (0,)
     assert conn.execute("SELECT bool_or(active) FROM fairqueue.channel").fetchone() == (False,)
+    _assert_limits_consistent(conn)
+
+
+def _where(db: psycopg.Connection[Any], job_id: int) -> list[str]:
+    """The tables a live job is in, of scheduled_job, limit_waiting and running_job."""
+    return [
+        table
+        for table in ("scheduled_job", "limit_waiting", "running_job")
+        if db.execute(f"SELECT 1 FROM fairqueue.{table} WHERE job_id = %s", (job_id,)).fetchone()
+    ]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["enqueue", "enqueue_many"])
+def test_a_job_for_a_limit_with_a_line_joins_it_in_its_producers_transaction(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int, many: bool
+) -> None:
+    """While a limit has a line, a job that is ready but for it would join the line at the next intake:
+    its producer puts it there itself (fq0027), inserting only, so it does not wait for the limit's
+    row that a claim's intake holds, and rolls back with the producer. Its channel gets its turn from
+    the next holder of the limit's row, and the job its slot in that turn."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    _enqueue(conn, "acme", 2, ["api"])
+    [running] = _claim(conn, worker, 5)  # the other waits: the limit has a line
+    holder = connect(autocommit=False)
+    holder.execute("SELECT 1 FROM fairqueue.shared_limit WHERE name = 'api' FOR NO KEY UPDATE")  # as an intake would
+    producer = connect(autocommit=False)
+    jobs: list[int] = []
+
+    def enqueue() -> None:
+        if many:
+            jobs.extend(fairqueue.enqueue_many(producer, [fairqueue.JobSpec("g", channel="globex", limits=["api"])]))
+        else:
+            jobs.append(fairqueue.enqueue(producer, "g", channel="globex", limits=["api"]))
+
+    assert not race_against_open_transaction(conn, holder, enqueue), "the producer waited for the limit's row"
+    [job] = jobs
+    assert _where(producer, job) == ["limit_waiting"]
+    producer.rollback()
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_release WHERE channel IS NOT NULL").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_waiting WHERE channel = 'globex'").fetchone() == (0,)
+
+    enqueue()
+    [job] = jobs[1:]
+    producer.commit()
+    assert _where(conn, job) == ["limit_waiting"]
+    fairqueue.finish(conn, worker, [Outcome(running.id)])
+    started = [j.channel for j in _claim(conn, worker, 5)]
+    assert started == ["acme"]  # acme was in turn first; globex joined the line at its lowest turn
+    assert conn.execute("SELECT count(*) FROM fairqueue.limit_turn WHERE channel = 'globex'").fetchone() == (1,)
+    _assert_limits_consistent(conn)
+    fairqueue.finish(
+        conn,
+        worker,
+        [
+            Outcome(j)
+            for (j,) in conn.execute("SELECT job_id FROM fairqueue.running_job WHERE worker_id IS NOT NULL").fetchall()
+        ],
+    )
+    assert [j.id for j in _claim(conn, worker, 5)] == [job]
+    _assert_limits_consistent(conn)
+
+
+def test_a_job_whose_limit_is_held_elsewhere_waits_in_the_line_not_in_scheduled_job(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """An intake that finds the limit's row held elsewhere puts the job in the line itself, as its
+    producer would (fq0027), instead of parking it in scheduled_job for the holder to move."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=2)
+    other = connect()
+    with other.transaction():
+        other.execute("SELECT 1 FROM fairqueue.shared_limit WHERE name = 'api' FOR NO KEY UPDATE")
+        job = fairqueue.enqueue(conn, "k", channel="acme", limits=["api"])
+        assert _where(conn, job) == ["scheduled_job"]  # no line yet: the intake gates it
+        assert _claim(conn, worker, 5) == []
+        assert _where(conn, job) == ["limit_waiting"]
+    assert [j.id for j in _claim(conn, worker, 5)] == [job]
+    _assert_limits_consistent(conn)
+
+
+def test_a_limit_removed_while_a_producer_lined_a_job_up_lets_the_job_run_without_it(
+    connect: Connections, conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """remove_limit counts the committed jobs that declare the limit. A producer in flight that lined a
+    job up for it meanwhile commits after the limit is gone: the job leaves the line and runs without
+    it, as a job gated after the removal does (nothing of the line is left behind)."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    _enqueue(conn, "acme", 2, ["api"])
+    [running] = _claim(conn, worker, 5)
+    producer = connect(autocommit=False)
+    job = fairqueue.enqueue(producer, "g", channel="globex", limits=["api"])
+    assert _where(producer, job) == ["limit_waiting"]
+    [(waiting,)] = conn.execute("SELECT job_id FROM fairqueue.limit_waiting").fetchall()
+    assert fairqueue.cancel(conn, waiting) == "cancelled"
+    fairqueue.finish(conn, worker, [Outcome(running.id)])
+    assert fairqueue.remove_limit(conn, "api")
+    producer.commit()
+    started = _claim(conn, worker, 5) or _claim(conn, worker, 5)
+    assert [j.id for j in started] == [job]
+    for table in ("limit_waiting", "limit_turn", "limit_release"):
+        assert conn.execute(f"SELECT count(*) FROM fairqueue.{table}").fetchone() == (0,), table
+    assert_consistent(conn)
+
+
+def test_a_job_for_a_limit_with_a_line_and_room_is_gated_by_the_intake(
+    conn: psycopg.Connection[Any], worker: int
+) -> None:
+    """A line alone does not send the producer there: while the limit has room (here, a cap just
+    raised, which the next intake hands out), the intake gives a set of due jobs their slots in one
+    statement, cheaper than handouts from the line, and the job goes the delayed jobs' way."""
+    fairqueue.configure_limit(conn, "api", max_concurrency=1)
+    _enqueue(conn, "acme", 2, ["api"])
+    _claim(conn, worker, 5)  # one runs, one waits in the line
+    fairqueue.configure_limit(conn, "api", max_concurrency=5)
+    job = fairqueue.enqueue(conn, "g", channel="globex", limits=["api"])
+    assert _where(conn, job) == ["scheduled_job"]
+    assert {j.channel for j in _claim(conn, worker, 5)} == {"acme", "globex"}
     _assert_limits_consistent(conn)

@@ -54,6 +54,7 @@ def test_each_down_step_drops_what_dropped_by_says(empty_database_url: str) -> N
         "fq0013",
         "fq0016",
         "fq0025",
+        "fq0027",
     ]
 
 

@@ -303,15 +303,18 @@ CREATE INDEX limit_turn_order_idx ON fairqueue.limit_turn (limit_name, vtime, ch
 -- only inserts here (it would otherwise wait for the limit's row, which a claim's intake holds until
 -- it commits), and the next transaction that holds the limit's row subtracts them (schema/
 -- 37_shared_limits.sql). Until then held counts more than hold a slot, never fewer.
--- A row with a job_id (and n = 0) asks for that job to be put in the limit's line: an intake that
--- found the limit's row held by another transaction left the job in scheduled_job (placed, at this
--- attempt) rather than wait for the row or try again and again.
+-- A row with a channel (and n = 0) asks for that channel to be given a turn in the limit's line: jobs
+-- of it joined the line without the limit's row (a producer, or an intake that found the row held by
+-- another transaction; an intake's row also names the job). A row with a job_id and no channel (left
+-- by an intake before fq0027) asks for that job to be put in the line: the intake left it in
+-- scheduled_job (placed, at this attempt) rather than wait for the row or try again and again.
 CREATE TABLE fairqueue.limit_release (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     limit_name  text NOT NULL,
     n           integer NOT NULL,
     job_id      bigint,
-    attempt     integer
+    attempt     integer,
+    channel     text
 ) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 CREATE INDEX limit_release_limit_idx ON fairqueue.limit_release (limit_name, id);
 

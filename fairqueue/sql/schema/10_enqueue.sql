@@ -294,8 +294,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- (a job with shared limits gets their slots from a worker's intake, which can wait its turn for them)
-    IF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now OR p_limits IS NOT NULL THEN
+    -- (a job with shared limits gets their slots from a worker's intake, which can wait its turn for them;
+    -- while its first limit has a line, it joins that line here, as the intake would put it there)
+    IF p_limits IS NOT NULL AND p_depends_on IS NULL AND p_fifo_key IS NULL AND coalesce(p_run_at <= v_now, true)
+       AND fairqueue._has_line(p_limits[1]) THEN
+        PERFORM fairqueue._line_up(ARRAY[job_id], ARRAY[p_limits[1]], ARRAY[p_channel], ARRAY[0], ARRAY[-p_priority]);
+        PERFORM pg_notify('fairqueue', '');
+    ELSIF p_depends_on IS NOT NULL OR p_fifo_key IS NOT NULL OR p_run_at > v_now OR p_limits IS NOT NULL THEN
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
         VALUES (job_id, p_channel, greatest(coalesce(p_run_at, v_now), v_now), 0);
         IF p_run_at IS NULL OR p_run_at <= v_now THEN
@@ -343,6 +348,10 @@ DECLARE
     v_key      text;
     v_sched    integer;
     v_early    bigint;
+    v_lined    bigint[];
+    v_lined_limits   text[];
+    v_lined_channels text[];
+    v_lined_ranks    smallint[];
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -442,7 +451,10 @@ BEGIN
     ),
     placed AS (
         SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)
-                     OR i.limits IS NOT NULL) AS staged
+                     OR i.limits IS NOT NULL) AS staged,
+               -- ready now but for its limits, whose first has a line: it joins that line here
+               (i.limits IS NOT NULL AND i.depends_on IS NULL AND i.fifo_key IS NULL
+                AND coalesce(i.run_at <= v_now, true) AND fairqueue._has_line(i.limits[1])) AS lined
         FROM input i JOIN inserted USING (id)
     ),
     ready AS (
@@ -452,15 +464,19 @@ BEGIN
     ),
     staged AS (
         INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt)
-        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged
+        SELECT id, channel, greatest(coalesce(run_at, v_now), v_now), 0 FROM placed WHERE staged AND NOT lined
         RETURNING run_at
     )
     SELECT (SELECT array_agg(id ORDER BY pos) FROM placed),
            (SELECT array_agg(pos ORDER BY pos) FROM placed),
            (SELECT array_agg(DISTINCT channel) FROM ready),
            (SELECT count(*) FROM staged WHERE run_at <= v_now),
-           (SELECT min(p.id) FROM placed p WHERE EXISTS (SELECT 1 FROM unnest(p.depends_on) AS d WHERE d >= p.id))
-    INTO v_new, v_pos, v_channels, v_sched, v_early;
+           (SELECT min(p.id) FROM placed p WHERE EXISTS (SELECT 1 FROM unnest(p.depends_on) AS d WHERE d >= p.id)),
+           (SELECT array_agg(id ORDER BY id) FROM placed WHERE lined),
+           (SELECT array_agg(limits[1] ORDER BY id) FROM placed WHERE lined),
+           (SELECT array_agg(channel ORDER BY id) FROM placed WHERE lined),
+           (SELECT array_agg(-priority ORDER BY id) FROM placed WHERE lined)
+    INTO v_new, v_pos, v_channels, v_sched, v_early, v_lined, v_lined_limits, v_lined_channels, v_lined_ranks;
     IF v_early IS NOT NULL THEN
         RAISE EXCEPTION 'fairqueue: job % cannot wait for a job enqueued after it (or for itself): '
                         'a job can only depend on jobs enqueued before it', v_early
@@ -479,7 +495,11 @@ BEGIN
             PERFORM pg_notify('fairqueue', '');
         END IF;
     END IF;
-    IF v_sched > 0 THEN
+    IF v_lined IS NOT NULL THEN
+        PERFORM fairqueue._line_up(v_lined, v_lined_limits, v_lined_channels,
+                                   array_fill(0, ARRAY[cardinality(v_lined)]), v_lined_ranks);
+    END IF;
+    IF v_sched > 0 OR v_lined IS NOT NULL THEN
         PERFORM pg_notify('fairqueue', '');
     END IF;
 

@@ -7,7 +7,8 @@
 -- Whether a job gets its slots is decided where jobs become ready outside a producer's transaction:
 -- the intake (schema/20_intake.sql) places it with _gate_all, like a delayed job. One that cannot get
 -- them all waits in limit_waiting, outside the ready queues, so the other jobs of its channel keep
--- flowing and no claim ever looks at it. When slots free up (a finish, a refilled token, new
+-- flowing and no claim ever looks at it. While its first limit has a line, a job ready but for its
+-- limits would only join that line: its producer puts it there (_line_up, fq0027), inserting only. When slots free up (a finish, a refilled token, new
 -- settings) shared_limit.due_at says so, and the next intake hands them to the waiting jobs with
 -- _open_limits, the channels in turn (limit_turn): one channel's flood of jobs that use the limit
 -- does not take every slot while another channel's jobs wait.
@@ -87,7 +88,9 @@ BEGIN
 END $$;
 
 -- Takes the slots given back (limit_release) off the held count of limits whose rows the caller
--- holds, and puts the jobs left for them (limit_release.job_id) in their lines: each such job is taken
+-- holds, gives a turn in their lines to the channels asked for (limit_release.channel: jobs lined up
+-- without the row, _line_up) that still have jobs waiting there, and puts the jobs left for them
+-- (limit_release.job_id, by an intake of an earlier version) in their lines: each such job is taken
 -- out of scheduled_job if it is still there at that attempt (an intake may have gated it since, or it
 -- may have been cancelled: then there is nothing to do).
 CREATE FUNCTION fairqueue._apply_releases(p_names text[])
@@ -99,10 +102,12 @@ DECLARE
     v_channels  text[];
     v_attempts  integer[];
     v_ranks     smallint[];
+    v_tlimits   text[];
+    v_tchannels text[];
 BEGIN
     WITH given AS (
         DELETE FROM fairqueue.limit_release r WHERE r.limit_name = ANY (p_names)
-        RETURNING r.limit_name, r.n, r.job_id, r.attempt
+        RETURNING r.limit_name, r.n, r.job_id, r.attempt, r.channel
     ),
     held AS (
         UPDATE fairqueue.shared_limit l SET held = greatest(l.held - g.n, 0)
@@ -112,14 +117,30 @@ BEGIN
     left_jobs AS (
         DELETE FROM fairqueue.scheduled_job s
         USING given g
-        WHERE g.job_id IS NOT NULL AND s.job_id = g.job_id AND s.attempt = g.attempt AND s.placed
+        WHERE g.job_id IS NOT NULL AND g.channel IS NULL AND s.job_id = g.job_id AND s.attempt = g.attempt
+          AND s.placed
         RETURNING s.job_id, s.channel, s.attempt, g.limit_name
+    ),
+    turns AS (
+        SELECT DISTINCT g.limit_name, g.channel FROM given g WHERE g.channel IS NOT NULL
     )
     SELECT array_agg(l.job_id ORDER BY l.job_id), array_agg(l.limit_name ORDER BY l.job_id),
            array_agg(l.channel ORDER BY l.job_id), array_agg(l.attempt ORDER BY l.job_id),
-           array_agg(-j.priority ORDER BY l.job_id)
-    INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
+           array_agg(-j.priority ORDER BY l.job_id),
+           (SELECT array_agg(t.limit_name ORDER BY t.limit_name, t.channel) FROM turns t),
+           (SELECT array_agg(t.channel ORDER BY t.limit_name, t.channel) FROM turns t)
+    INTO v_ids, v_limits, v_channels, v_attempts, v_ranks, v_tlimits, v_tchannels
     FROM left_jobs l CROSS JOIN LATERAL (SELECT priority FROM fairqueue.job WHERE id = l.job_id LIMIT 1) AS j;
+    IF v_tlimits IS NOT NULL THEN
+        -- in a statement of its own, whose snapshot sees every job lined up with these rows
+        SELECT array_agg(u.l ORDER BY u.l, u.c), array_agg(u.c ORDER BY u.l, u.c) INTO v_tlimits, v_tchannels
+        FROM unnest(v_tlimits, v_tchannels) AS u(l, c)
+        WHERE (SELECT w.job_id FROM fairqueue.limit_waiting w WHERE w.limit_name = u.l AND w.channel = u.c
+               ORDER BY w.limit_name, w.channel, w.rank, w.job_id LIMIT 1) IS NOT NULL;
+        IF v_tlimits IS NOT NULL THEN
+            PERFORM fairqueue._give_turns(v_tlimits, v_tchannels, clock_timestamp());
+        END IF;
+    END IF;
     IF v_ids IS NOT NULL THEN
         PERFORM fairqueue._join_lines(v_ids, v_limits, v_channels, v_attempts, v_ranks, clock_timestamp());
     END IF;
@@ -135,21 +156,15 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
--- Puts jobs in the lines of shared limits (job i in the line of p_limits[i]), each in its channel's
--- turn there (a channel joining a line starts at the lowest vtime in it: no credit, no debt), and
--- makes sure an intake comes back to each limit when a slot may be free: at once if the limit has
--- room, when its next token is due if it is out of tokens (with no room, the finish that frees a slot
--- does it). One statement per table for the whole set; the caller holds the limits' rows.
-CREATE FUNCTION fairqueue._join_lines(p_job_ids bigint[], p_limits text[], p_channels text[],
-                                      p_attempts integer[], p_ranks smallint[], p_now timestamptz)
+-- Gives the channels p_channels[i] a turn in the line of the shared limit p_limits[i] if they have
+-- none (a channel joining a line starts at the lowest vtime in it: no credit, no debt), and makes
+-- sure an intake comes back to each limit when a slot may be free: at once if the limit has room,
+-- when its next token is due if it is out of tokens (with no room, the finish that frees a slot does
+-- it). One statement per table; the caller holds the limits' rows.
+CREATE FUNCTION fairqueue._give_turns(p_limits text[], p_channels text[], p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO fairqueue.limit_waiting AS w (job_id, limit_name, channel, attempt, rank)
-    SELECT DISTINCT ON (u.job_id) u.job_id, u.limit_name, u.channel, u.attempt, u.rank
-    FROM unnest(p_job_ids, p_limits, p_channels, p_attempts, p_ranks) AS u(job_id, limit_name, channel, attempt, rank)
-    ORDER BY u.job_id
-    ON CONFLICT (job_id) DO UPDATE SET limit_name = EXCLUDED.limit_name;
     INSERT INTO fairqueue.limit_turn (limit_name, channel, vtime)
     SELECT n.limit_name, n.channel,
            coalesce((SELECT t.vtime FROM fairqueue.limit_turn t WHERE t.limit_name = n.limit_name
@@ -164,6 +179,90 @@ BEGIN
                             ELSE p_now END)
     WHERE l.name = ANY (p_limits)
       AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency OR fairqueue._limit_tokens(l, p_now) < 1);
+END $$;
+
+-- Puts jobs in the lines of shared limits (job i in the line of p_limits[i]), each in its channel's
+-- turn there (_give_turns). One statement per table for the whole set; the caller holds the limits'
+-- rows.
+CREATE FUNCTION fairqueue._join_lines(p_job_ids bigint[], p_limits text[], p_channels text[],
+                                      p_attempts integer[], p_ranks smallint[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fairqueue.limit_waiting AS w (job_id, limit_name, channel, attempt, rank)
+    SELECT DISTINCT ON (u.job_id) u.job_id, u.limit_name, u.channel, u.attempt, u.rank
+    FROM unnest(p_job_ids, p_limits, p_channels, p_attempts, p_ranks) AS u(job_id, limit_name, channel, attempt, rank)
+    ORDER BY u.job_id
+    ON CONFLICT (job_id) DO UPDATE SET limit_name = EXCLUDED.limit_name;
+    PERFORM fairqueue._give_turns(p_limits, p_channels, p_now);
+END $$;
+
+-- Puts jobs in the lines of shared limits (job i in the line of p_limits[i]) without the limits'
+-- rows: for a producer (fairqueue.enqueue, enqueue_many), which never waits for them, and for an
+-- intake that found a limit's row held by another transaction. Inserts only: the jobs' rows in
+-- limit_waiting, and rows of limit_release (n = 0, channel set) that ask the next holder of the
+-- limit's row to give the channel a turn in the line (_apply_releases): one per limit and channel,
+-- or with p_each one per job, naming it (an intake's, which shows what it left for the holder).
+-- Until then the jobs wait without a turn, which only delays them: a holder applies the limit's
+-- releases before it hands a slot out.
+CREATE FUNCTION fairqueue._line_up(p_job_ids bigint[], p_limits text[], p_channels text[],
+                                   p_attempts integer[], p_ranks smallint[], p_each boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO fairqueue.limit_waiting (job_id, limit_name, channel, attempt, rank)
+    SELECT u.job_id, u.limit_name, u.channel, u.attempt, u.rank
+    FROM unnest(p_job_ids, p_limits, p_channels, p_attempts, p_ranks) AS u(job_id, limit_name, channel, attempt, rank)
+    ORDER BY u.job_id;
+    IF p_each THEN
+        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt, channel)
+        SELECT u.limit_name, 0, u.job_id, u.attempt, u.channel
+        FROM unnest(p_job_ids, p_limits, p_channels, p_attempts) AS u(job_id, limit_name, channel, attempt)
+        ORDER BY u.job_id;
+    ELSE
+        INSERT INTO fairqueue.limit_release (limit_name, n, channel)
+        SELECT DISTINCT u.limit_name, 0, u.channel FROM unnest(p_limits, p_channels) AS u(limit_name, channel)
+        ORDER BY 1, 3;
+    END IF;
+END $$;
+
+-- Whether a shared limit has a line (channels waiting in turn) and no slot to give (at its cap, or out
+-- of tokens): a job that would join the line anyway can join it in its producer's transaction
+-- (_line_up). Read without the limit's row: a line or a slot that appears or goes meanwhile only
+-- decides which way the job goes, and both lead to the same turn. (While the limit has room, the
+-- intake gives a set of jobs their slots in one statement, which is cheaper than a handout from the
+-- line: so a line alone does not send the producer there.)
+CREATE FUNCTION fairqueue._has_line(p_limit text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT t.channel FROM fairqueue.limit_turn t WHERE t.limit_name = p_limit
+            ORDER BY t.limit_name, t.vtime, t.channel LIMIT 1) IS NOT NULL
+       AND EXISTS (SELECT 1 FROM fairqueue.shared_limit l
+                   WHERE l.name = p_limit
+                     AND ((l.max_concurrency IS NOT NULL AND l.held >= l.max_concurrency)
+                          OR fairqueue._limit_tokens(l, clock_timestamp()) < 1))
+$$;
+
+-- A shared limit that was removed while producers that lined jobs up for it were in flight
+-- (remove_limit counts only committed jobs): what is left of its lines goes, and the jobs that
+-- waited in them go back to scheduled_job, due now, where the next intake gates them with the limits
+-- they still have (a removed one no longer counts). Under the limit name's settings lock, tried for
+-- (an intake never waits; another intake or a configure_limit has it, and does the rest).
+CREATE FUNCTION fairqueue._drop_lines(p_name text, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(1718681609, hashtext(p_name))
+       OR EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE name = p_name) THEN
+        RETURN;
+    END IF;
+    DELETE FROM fairqueue.limit_release WHERE limit_name = p_name;
+    DELETE FROM fairqueue.limit_turn WHERE limit_name = p_name;
+    WITH gone AS (
+        DELETE FROM fairqueue.limit_waiting WHERE limit_name = p_name RETURNING job_id, channel, attempt
+    )
+    INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
+    SELECT g.job_id, g.channel, p_now, g.attempt, true FROM gone g ORDER BY g.job_id;
 END $$;
 
 -- Puts one job in the line of a shared limit (_join_lines).
@@ -182,10 +281,10 @@ END $$;
 -- statement for a set of jobs:
 -- - The limits' rows are locked at once, in name order, SKIP LOCKED: the intake never waits. A job
 --   with a limit whose row another transaction holds (usually another claim's intake, until its
---   claim commits) stays in scheduled_job, placed, and a row of limit_release asks the next holder of
---   its first limit's row to put it in that line (_apply_releases, fq0016): no gating it again and
---   again while the row is busy. Its run_at, a second away, is the fallback should that row stay
---   held for long (a configure_limit in an open transaction).
+--   claim commits) joins the line of its first limit without the row, as a producer does (_line_up,
+--   fq0027; before, it went back to scheduled_job), and a row of limit_release naming it asks the
+--   next holder of that limit's row to give its channel a turn there: no gating it again and again
+--   while the row is busy.
 -- - Every job that uses a limit with no slot to give joins the line of the first such limit, by
 --   name (_join_lines).
 -- - The jobs left, in enqueue order, take their slots as far as they fit: the first job that would
@@ -226,18 +325,15 @@ BEGIN
         PERFORM fairqueue._apply_releases(v_locked);
     END IF;
     IF cardinality(v_busy) > 0 THEN
-        WITH busy AS (
-            SELECT g.id, j.channel, g.attempt, j.limits[1] AS first_limit
-            FROM unnest(p_ids, p_attempts) AS g(id, attempt)
-            CROSS JOIN LATERAL (SELECT channel, limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
-            WHERE j.limits && v_busy
-        ),
-        parked AS (
-            INSERT INTO fairqueue.scheduled_job (job_id, channel, run_at, attempt, placed)
-            SELECT b.id, b.channel, p_now + interval '1 second', b.attempt, true FROM busy b ORDER BY b.id
-        )
-        INSERT INTO fairqueue.limit_release (limit_name, n, job_id, attempt)
-        SELECT b.first_limit, 0, b.id, b.attempt FROM busy b ORDER BY b.id;
+        SELECT array_agg(g.id ORDER BY g.id), array_agg(j.limits[1] ORDER BY g.id), array_agg(j.channel ORDER BY g.id),
+               array_agg(g.attempt ORDER BY g.id), array_agg(-j.priority ORDER BY g.id)
+        INTO v_ids, v_limits, v_channels, v_attempts, v_ranks
+        FROM unnest(p_ids, p_attempts) AS g(id, attempt)
+        CROSS JOIN LATERAL (SELECT channel, priority, limits FROM fairqueue.job WHERE id = g.id LIMIT 1) AS j
+        WHERE j.limits && v_busy;
+        IF v_ids IS NOT NULL THEN
+            PERFORM fairqueue._line_up(v_ids, v_limits, v_channels, v_attempts, v_ranks, true);
+        END IF;
     END IF;
     v_rest := ARRAY(
         SELECT g.id FROM unnest(p_ids) AS g(id)
@@ -354,7 +450,13 @@ BEGIN
         SELECT r.limit_name FROM (SELECT limit_name FROM fairqueue.limit_release ORDER BY id LIMIT 1000) AS r
     LOOP
         SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name FOR NO KEY UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
+        IF NOT FOUND THEN
+            -- held by another transaction (its due_at stays), or removed with jobs lined up for it
+            IF NOT EXISTS (SELECT 1 FROM fairqueue.shared_limit WHERE name = v_name) THEN
+                PERFORM fairqueue._drop_lines(v_name, p_now);
+            END IF;
+            CONTINUE;
+        END IF;
         PERFORM fairqueue._apply_releases(ARRAY[v_name]);
         SELECT * INTO v_lim FROM fairqueue.shared_limit WHERE name = v_name;
         v_tokens := fairqueue._limit_tokens(v_lim, p_now);

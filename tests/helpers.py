@@ -171,14 +171,18 @@ def assert_consistent(conn: psycopg.Connection[Any]) -> None:
     ).fetchall()
     assert not limits, f"shared limits whose slots are miscounted (name, held, holding): {limits}"
     # a job waiting for a limit is in its channel's turn there, and the limit will be looked at when it
-    # has a slot to give (due_at), unless it is full (a finish will make it due)
+    # has a slot to give (due_at), unless it is full (a finish will make it due); or (fq0027) it was
+    # lined up without the limit's row, and a limit_release row asks the next intake to give its
+    # channel that turn
     forgotten = conn.execute(
         """
         SELECT w.job_id, w.limit_name FROM fairqueue.limit_waiting w
         JOIN fairqueue.shared_limit l ON l.name = w.limit_name
-        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.limit_turn t
-                          WHERE t.limit_name = w.limit_name AND t.channel = w.channel)
-           OR (l.due_at IS NULL AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency))
+        WHERE NOT EXISTS (SELECT 1 FROM fairqueue.limit_release r
+                          WHERE r.limit_name = w.limit_name AND r.channel = w.channel)
+          AND (NOT EXISTS (SELECT 1 FROM fairqueue.limit_turn t
+                           WHERE t.limit_name = w.limit_name AND t.channel = w.channel)
+               OR (l.due_at IS NULL AND (l.max_concurrency IS NULL OR l.held < l.max_concurrency)))
         """
     ).fetchall()
     assert not forgotten, f"jobs waiting for a shared limit that no intake will hand a slot: {forgotten}"

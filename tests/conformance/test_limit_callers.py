@@ -153,3 +153,25 @@ def test_update_and_remove_limit_take_effect_with_the_commit(caller: Caller) -> 
         assert tx.fq.remove_limit(tx.db, "api") is False
         tx.commit()
     assert _limit_settings(caller, "api") is None
+
+
+def test_a_job_for_a_full_limit_with_a_line_joins_it_with_the_commit(caller: Caller) -> None:
+    """While a limit is full and has a line, every producer call puts its job in that line itself
+    (schema fq0027), in the caller's transaction: nothing is there before the commit, and the job
+    shows as waiting from the start."""
+    fairqueue.configure_limit(caller.conn, "stripe-api", max_concurrency=1)
+    fairqueue.enqueue_many(caller.conn, [fairqueue.JobSpec("first", channel="acme", limits=["stripe-api"])] * 2)
+    worker = fairqueue.register_worker(caller.conn, "w", lease_seconds=60)
+    assert len(fairqueue.claim_batch(caller.conn, worker, 10)) == 1  # one runs, one waits: the line
+    with caller.transaction() as tx:
+        one = tx.fq.enqueue(tx.db, "one", channel="globex", limits=["stripe-api"])
+        [many] = tx.fq.enqueue_many(tx.db, [{"kind": "many", "channel": "globex", "limits": ["stripe-api"]}])
+        assert count(caller.conn, "limit_waiting") == 1  # not before the caller commits
+        tx.commit()
+    lined = caller.conn.execute("SELECT job_id FROM fairqueue.limit_waiting WHERE channel = 'globex'").fetchall()
+    assert sorted(lined) == sorted([(one,), (many,)])
+    assert count(caller.conn, "scheduled_job") == 0
+    for job in (one, many):
+        info = fairqueue.get_job(caller.conn, job)
+        assert info is not None and info.status == "waiting"
+    assert_consistent(caller.conn)

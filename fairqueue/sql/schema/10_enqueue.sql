@@ -449,12 +449,17 @@ BEGIN
         ON CONFLICT (channel, unique_key) WHERE unique_key IS NOT NULL DO NOTHING
         RETURNING id
     ),
+    -- the first limits of the batch's jobs that are full and have a line: looked at once each
+    lines AS (
+        SELECT n.name FROM (SELECT DISTINCT i.limits[1] AS name FROM input i WHERE i.limits IS NOT NULL) AS n
+        WHERE fairqueue._has_line(n.name)
+    ),
     placed AS (
         SELECT i.*, (i.depends_on IS NOT NULL OR i.fifo_key IS NOT NULL OR coalesce(i.run_at > v_now, false)
                      OR i.limits IS NOT NULL) AS staged,
                -- ready now but for its limits, whose first has a line: it joins that line here
                (i.limits IS NOT NULL AND i.depends_on IS NULL AND i.fifo_key IS NULL
-                AND coalesce(i.run_at <= v_now, true) AND fairqueue._has_line(i.limits[1])) AS lined
+                AND coalesce(i.run_at <= v_now, true) AND i.limits[1] IN (SELECT l.name FROM lines l)) AS lined
         FROM input i JOIN inserted USING (id)
     ),
     ready AS (

@@ -7,11 +7,12 @@
 -- Whether a job gets its slots is decided where jobs become ready outside a producer's transaction:
 -- the intake (schema/20_intake.sql) places it with _gate_all, like a delayed job. One that cannot get
 -- them all waits in limit_waiting, outside the ready queues, so the other jobs of its channel keep
--- flowing and no claim ever looks at it. While its first limit has a line, a job ready but for its
--- limits would only join that line: its producer puts it there (_line_up, fq0027), inserting only. When slots free up (a finish, a refilled token, new
--- settings) shared_limit.due_at says so, and the next intake hands them to the waiting jobs with
--- _open_limits, the channels in turn (limit_turn): one channel's flood of jobs that use the limit
--- does not take every slot while another channel's jobs wait.
+-- flowing and no claim ever looks at it. While its first limit is full and has a line, a job ready
+-- but for its limits would only join that line: its producer puts it there (_line_up, fq0027),
+-- inserting only. When slots free up (a finish, a refilled token, new settings) shared_limit.due_at
+-- says so, and the next intake hands them to the waiting jobs with _open_limits, the channels in turn
+-- (limit_turn): one channel's flood of jobs that use the limit does not take every slot while another
+-- channel's jobs wait.
 --
 -- Locks: an intake never waits for a limit's row (a row another transaction holds leaves the job in
 -- scheduled_job, and a row of limit_release asks the next holder of the limit's row to put it in the

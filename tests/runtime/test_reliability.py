@@ -473,7 +473,7 @@ def test_kill_9_and_a_crash_of_postgresql_keep_fifo_order_dependencies_retries_a
         for _ in range(3):
             fleet.start()
 
-        kill_crash_kill(server, fleet, len(every), (200, 450, 700))
+        kill_crash_kill(server, fleet, len(every), (200, 400, 550))
         with psycopg.connect(server.url, autocommit=True) as conn:
             assert_every_job_ran_exactly_once(conn, every)
             # each flaky job failed its first attempt (or lost it to a kill) and succeeded later
